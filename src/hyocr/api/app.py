@@ -1,0 +1,70 @@
+"""build_app: the one factory that wires settings, engine, service, routes and middleware.
+
+Tests build the same app the CLI serves. The engine is started in the lifespan (so a server
+answers /health while a large model loads) and stopped at shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.middleware import Middleware
+
+from .. import __version__
+from ..config import Settings
+from ..engines.base import Engine
+from ..engines.registry import create_engine
+from ..pipeline.service import OcrService
+from .errors import install_error_handlers
+from .limits import BodyLimitMiddleware, RequestIdMiddleware
+from .routes import health, ocr, openai
+
+log = logging.getLogger("hyocr")
+
+
+def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
+    engine = engine or create_engine(settings)
+    service = OcrService.from_settings(engine, settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        started = time.perf_counter()
+        await engine.start()
+        app.state.engine_started = True
+        log.info(
+            "engine %s ready in %.1fs: model %s, tasks %s %s",
+            engine.info.name,
+            time.perf_counter() - started,
+            engine.info.model,
+            ",".join(sorted(t.value for t in engine.info.tasks)),
+            engine.info.details or "",
+        )
+        try:
+            yield
+        finally:
+            app.state.engine_started = False
+            await engine.stop()
+
+    # Outermost first: every response gets a request id, then oversized bodies are refused.
+    middleware = [
+        Middleware(RequestIdMiddleware),
+        Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
+    ]
+    app = FastAPI(
+        title="hyocr",
+        version=__version__,
+        summary="OCR service for HunyuanOCR: OpenAI-compatible and OCR-native APIs",
+        lifespan=lifespan,
+        middleware=middleware,
+    )
+    app.state.settings = settings
+    app.state.service = service
+    app.state.engine_started = False
+    app.state.started_at = int(time.time())
+    install_error_handlers(app)
+    for router in (health.router, ocr.router, openai.router):
+        app.include_router(router)
+    return app

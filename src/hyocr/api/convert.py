@@ -1,0 +1,163 @@
+"""Wire requests -> ``OcrCall``: the parse step of every route, kept out of the route bodies."""
+
+from __future__ import annotations
+
+from ..config import Settings
+from ..errors import InvalidRequest
+from ..pipeline.service import MediaInput, OcrCall
+from ..pipeline.tasks import match_prompt, parse_task
+from ..types import SamplingParams, Task
+from .protocol import ChatCompletionRequest, CompletionRequest, ImagePart, OcrJsonRequest, SamplingFields, WireModel
+
+
+def refuse_engine_overrides(req: WireModel) -> None:
+    field = req.refused_field()
+    if field is not None:
+        raise InvalidRequest(f"{field} is not accepted by this server", param=field)
+
+
+def sampling_from(req: SamplingFields, settings: Settings) -> SamplingParams:
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    if max_tokens is not None and max_tokens > settings.max_tokens_limit:
+        raise InvalidRequest(
+            f"max_tokens must be at most {settings.max_tokens_limit}", param="max_tokens"
+        )
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        repetition_penalty=req.repetition_penalty,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        seed=req.seed,
+        stop=stop,
+    )
+
+
+def _media_from_url(url: str, param: str) -> MediaInput:
+    if url[:5].lower() == "data:":
+        return MediaInput(url, param=param)
+    if url[:7].lower() in ("http://", "https:/"):
+        raise InvalidRequest(
+            "image URLs are not fetched by this server; send the image as a data URL "
+            "(data:image/png;base64,...)",
+            param=param,
+        )
+    # Bare base64 is common in hand-written clients; accept it.
+    return MediaInput(url, param=param)
+
+
+def prompt_call(
+    text: str, media: list[MediaInput], sampling: SamplingParams, *, system: str = ""
+) -> OcrCall:
+    """A free prompt (chat or completions) -> the task it asks for.
+
+    A known official prompt selects its task; other text is a question (VQA). An image with no
+    text at all means "read the text". Engines that do not follow prompts run the closest task
+    they can (``strict_task=False``) and the response says which.
+    """
+    text = text.strip()
+    if not text:
+        return OcrCall(media=tuple(media), task=Task.TEXT, system=system, sampling=sampling, strict_task=False)
+    match = match_prompt(text)
+    return OcrCall(
+        media=tuple(media),
+        task=match.task,
+        fields=match.fields,
+        target_language=match.target_language or "en",
+        question=text if match.task is Task.VQA else None,
+        prompt_language=match.prompt_language,
+        prompt=text,
+        system=system,
+        sampling=sampling,
+        strict_task=False,
+    )
+
+
+def chat_call(req: ChatCompletionRequest, settings: Settings) -> OcrCall:
+    refuse_engine_overrides(req)
+    if req.logprobs:
+        raise InvalidRequest("logprobs are not supported", param="logprobs")
+    system_parts: list[str] = []
+    users = []
+    for i, message in enumerate(req.messages):
+        if message.role in ("system", "developer"):
+            if isinstance(message.content, list):
+                system_parts += [p.text for p in message.content if p.type == "text"]
+            elif message.content:
+                system_parts.append(message.content)
+        elif message.role == "user":
+            users.append((i, message))
+        else:
+            raise InvalidRequest(
+                "multi-turn conversations are not supported: send one user message with the "
+                "image(s) and the instruction",
+                param=f"messages.{i}.role",
+            )
+    if len(users) != 1:
+        raise InvalidRequest(
+            f"expected exactly one user message, got {len(users)}", param="messages"
+        )
+    index, user = users[0]
+    texts: list[str] = []
+    media: list[MediaInput] = []
+    if isinstance(user.content, str):
+        texts.append(user.content)
+    else:
+        for j, part in enumerate(user.content or []):
+            if isinstance(part, ImagePart):
+                url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
+                media.append(_media_from_url(url, f"messages.{index}.content.{j}.image_url"))
+            else:
+                texts.append(part.text)
+    return prompt_call(
+        "\n".join(texts), media, sampling_from(req, settings), system="\n".join(system_parts)
+    )
+
+
+def completion_call(req: CompletionRequest, settings: Settings) -> OcrCall:
+    refuse_engine_overrides(req)
+    if isinstance(req.prompt, list):
+        if len(req.prompt) > 1:
+            raise InvalidRequest("only one prompt per request is supported", param="prompt")
+        prompt = req.prompt[0] if req.prompt else ""
+    else:
+        prompt = req.prompt
+    if req.echo:
+        raise InvalidRequest("echo is not supported", param="echo")
+    if req.logprobs:
+        raise InvalidRequest("logprobs are not supported", param="logprobs")
+    if req.suffix:
+        raise InvalidRequest("suffix is not supported", param="suffix")
+    images = ([req.image] if req.image else []) + list(req.images or [])
+    media = [MediaInput(img, param="image" if i == 0 and req.image else f"images.{i}") for i, img in enumerate(images)]
+    return prompt_call(prompt, media, sampling_from(req, settings))
+
+
+def ocr_call(
+    req: OcrJsonRequest,
+    settings: Settings,
+    *,
+    uploads: list[MediaInput] | None = None,
+) -> OcrCall:
+    """/v1/ocr (JSON body, or multipart form fields validated into the same model)."""
+    refuse_engine_overrides(req)
+    media = list(uploads or [])
+    if req.image:
+        media.append(MediaInput(req.image, param="image"))
+    media += [MediaInput(img, param=f"images.{i}") for i, img in enumerate(req.images or [])]
+    fields = req.fields
+    if isinstance(fields, str):  # form field "name,date" or a JSON list in a string
+        fields = [f for f in (s.strip().strip("'\"[]") for s in fields.split(",")) if f]
+    return OcrCall(
+        media=tuple(media),
+        task=parse_task(req.task),
+        fields=tuple(fields or ()),
+        target_language=req.language,
+        question=req.question,
+        prompt_language=req.prompt_language,
+        sampling=sampling_from(req, settings),
+        strict_task=True,
+    )

@@ -1,0 +1,106 @@
+"""Every failure leaves the API as ``{"error": {"message", "type", "param", "code"}}``.
+
+This is the one place exceptions become HTTP responses. Internal errors never carry their message,
+a traceback or a repr to the client: they are logged with the request id, and the client gets the id.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import HyocrError
+
+log = logging.getLogger("hyocr.api")
+
+_HTTP_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, param, code), status_code=status, headers=headers)
+
+
+def request_id_of(request: Request) -> str:
+    return getattr(request.state, "request_id", None) or "-"
+
+
+def hyocr_error_body(exc: HyocrError, request_id: str) -> tuple[int, dict]:
+    if exc.public:
+        return exc.status, error_body(exc.message, exc.type, exc.param, exc.code)
+    return exc.status, error_body(
+        f"internal error (request id {request_id})", exc.type, None, exc.code
+    )
+
+
+def validation_message(errors: list) -> tuple[str, str | None]:
+    """The first pydantic error as one readable line, and the parameter it concerns."""
+    if not errors:
+        return "invalid request", None
+    err = errors[0]
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
+    param = ".".join(loc) or None
+    if err.get("type") == "json_invalid":
+        return "request body is not valid JSON", None
+    msg = str(err.get("msg", "invalid value"))
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(HyocrError)
+    async def _hyocr(request: Request, exc: HyocrError) -> JSONResponse:
+        rid = request_id_of(request)
+        if not exc.public:
+            log.error("request %s failed: %s: %s", rid, type(exc).__name__, exc.message)
+        status, body = hyocr_error_body(exc, rid)
+        return JSONResponse(body, status_code=status, headers=exc.headers or None)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(exc.errors())
+        return error_response(400, message, "invalid_request_error", param)
+
+    @app.exception_handler(ValidationError)
+    async def _pydantic(request: Request, exc: ValidationError) -> JSONResponse:
+        message, param = validation_message(exc.errors())
+        return error_response(400, message, "invalid_request_error", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        return error_response(
+            exc.status_code,
+            message,
+            _HTTP_TYPES.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "internal_error"),
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        rid = request_id_of(request)
+        log.exception("request %s failed with an unexpected error", rid)
+        return error_response(500, f"internal error (request id {rid})", "internal_error")

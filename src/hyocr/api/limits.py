@@ -1,0 +1,92 @@
+"""Pure ASGI middleware that runs before any route: request ids and the body byte cap.
+
+Pure ASGI (not BaseHTTPMiddleware) so streaming responses and client disconnects pass through
+untouched, and so the cap applies while the body streams in, before a route buffers it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..errors import PayloadTooLarge
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def _json_error(status: int, message: str, code: str, headers: list) -> tuple[Message, Message]:
+    body = json.dumps(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    ).encode()
+    start = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        + headers,
+    }
+    return start, {"type": "http.response.body", "body": body}
+
+
+class RequestIdMiddleware:
+    """Honours a well-formed ``X-Request-ID`` (else makes one) and returns it on every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if _SAFE_ID.match(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        header = (b"x-request-id", request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), header]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class BodyLimitMiddleware:
+    """413 from Content-Length before reading; mid-stream for chunked bodies that grow past the cap."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        message = f"request body is larger than the {self.max_bytes} byte limit"
+        if declared is not None:
+            if not declared.isdigit():
+                start, body = _json_error(400, "invalid Content-Length header", "bad_request", [])
+                await send(start)
+                await send(body)
+                return
+            if int(declared) > self.max_bytes:
+                start, body = _json_error(413, message, "payload_too_large", [(b"connection", b"close")])
+                await send(start)
+                await send(body)
+                return
+        seen = 0
+
+        async def counted_receive() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise PayloadTooLarge(message)
+            return msg
+
+        await self.app(scope, counted_receive, send)

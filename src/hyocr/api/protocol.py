@@ -1,0 +1,179 @@
+"""Wire models: the OpenAI-compatible request shapes, the /v1/ocr request and response.
+
+Pydantic lives here only; the routes convert these into ``hyocr.types`` values at once.
+Unknown fields are ignored for compatibility with generic clients, except the ones that would let a
+client reach into the engine (chat templates, processor kwargs): those are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Fields some OpenAI-compatible servers accept that would let a client change the prompt template
+# or the image processor. Never passed on (SECURITY.md).
+REFUSED_FIELDS = (
+    "chat_template",
+    "chat_template_kwargs",
+    "mm_processor_kwargs",
+    "processor_kwargs",
+    "tools",
+    "tool_choice",
+    "functions",
+    "guided_json",
+    "guided_grammar",
+    "logits_processors",
+)
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(extra="allow", str_max_length=1_000_000)
+
+    def refused_field(self) -> str | None:
+        extra = self.model_extra or {}
+        return next((f for f in REFUSED_FIELDS if extra.get(f) not in (None, [], {})), None)
+
+
+class SamplingFields(WireModel):
+    """Sampling options shared by the OpenAI routes and /v1/ocr (vLLM's extensions included)."""
+
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        items = [v] if isinstance(v, str) else (v or [])
+        if len(items) > 8 or any(len(s) > 200 for s in items):
+            raise ValueError("at most 8 stop strings of at most 200 characters")
+        return v
+
+
+# ---------------------------------------------------------------- chat completions
+
+
+class ImageURL(BaseModel):
+    url: str = Field(..., max_length=200_000_000)
+    detail: str | None = None
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImagePart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageURL | str
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(SamplingFields):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(..., min_length=1, max_length=64)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | None = None
+
+
+# ---------------------------------------------------------------- completions
+
+
+class CompletionRequest(SamplingFields):
+    """OpenAI completions, plus the reference article's ``image`` (base64) field."""
+
+    model: str | None = None
+    prompt: str | list[str] = ""
+    image: str | None = Field(None, description="base64 or data URL (the reference article's shape)")
+    images: list[str] | None = Field(None, max_length=64)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+
+
+# ---------------------------------------------------------------- /v1/ocr
+
+
+class OcrJsonRequest(SamplingFields):
+    image: str | None = Field(None, description="base64 or data URL")
+    images: list[str] | None = Field(None, max_length=64, description="several pages")
+    task: str = "spotting"
+    fields: list[str] | str | None = Field(None, description="field names for task=extract")
+    language: str = Field("en", description="target language for task=translate: en | zh")
+    question: str | None = Field(None, description="the question for task=vqa")
+    prompt_language: Literal["zh", "en"] | None = None
+
+
+class Block(BaseModel):
+    text: str
+    box: list[float] | None = Field(None, description="[x1, y1, x2, y2] in pixels of the original image")
+    score: float | None = None
+    polygon: list[list[float]] | None = None
+
+
+class Page(BaseModel):
+    index: int
+    width: int
+    height: int
+    text: str
+    blocks: list[Block]
+    finish_reason: str
+    markdown: str | None = None
+    fields: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class OcrResponse(BaseModel):
+    id: str
+    object: Literal["ocr.result"] = "ocr.result"
+    created: int
+    model: str
+    engine: str
+    task: str
+    requested_task: str
+    text: str
+    pages: list[Page]
+    usage: UsageInfo
+    timings: dict[str, float]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

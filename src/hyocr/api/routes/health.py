@@ -1,0 +1,23 @@
+"""Liveness and readiness. /health: the process answers. /ready: the engine is loaded and answering."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from .deps import service_of
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health", summary="The process is alive")
+async def health() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/ready", summary="The engine is loaded and answering (503 otherwise)")
+async def ready(request: Request) -> JSONResponse:
+    engine = service_of(request).engine
+    ok = bool(getattr(request.app.state, "engine_started", False)) and await engine.ready()
+    body = {"status": "ready" if ok else "unavailable", "engine": engine.info.name, "model": engine.info.model}
+    return JSONResponse(body, status_code=200 if ok else 503)

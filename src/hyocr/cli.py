@@ -1,0 +1,157 @@
+"""Command line: ``hyocr serve`` runs the API; ``hyocr ocr FILE...`` runs the same pipeline in-process.
+
+Heavy imports (FastAPI, uvicorn, engines) happen inside the subcommand that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from . import __version__
+from .config import Settings, SettingsError, load_settings
+
+TASK_HELP = "spotting | text | document | formula | table | chart | extract | subtitles | translate | vqa"
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", help="rapidocr (default, CPU, offline) | fake")
+    p.add_argument("--model", help="model id or path (engine default when omitted)")
+    p.add_argument("--served-model-name", dest="served_model_name")
+    p.add_argument("--engine-workers", dest="engine_workers", type=int,
+                   help="parallel CPU inferences (0 = one per 2 cores)")
+    p.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hyocr", description="OCR service for HunyuanOCR.")
+    parser.add_argument("--version", action="version", version=f"hyocr {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the HTTP API (OpenAI-compatible and /v1/ocr)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8000)")
+    _engine_args(serve)
+
+    ocr = sub.add_parser("ocr", help="recognise text in image files, in-process (no server)")
+    ocr.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    ocr.add_argument("--task", default="spotting", help=TASK_HELP)
+    ocr.add_argument("--fields", help="comma-separated field names for --task extract")
+    ocr.add_argument("--language", default="en", help="translation target for --task translate: en | zh")
+    ocr.add_argument("--question", help="the question for --task vqa")
+    ocr.add_argument("--json", action="store_true", help="print the full JSON result")
+    _engine_args(ocr)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    keys = ("host", "port", "engine", "model", "served_model_name", "engine_workers", "log_level")
+    return load_settings(**{k: getattr(args, k, None) for k in keys})
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = _settings(args)
+        _setup_logging(settings.log_level if args.command == "serve" else "warning")
+        if args.command == "serve":
+            return serve(settings)
+        return run_ocr(args, settings)
+    except SettingsError as exc:
+        print(f"hyocr: {exc}", file=sys.stderr)
+        return 2
+
+
+def serve(settings: Settings) -> int:
+    import uvicorn
+
+    from .api.app import build_app
+
+    app = build_app(settings)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
+    from .api.render import ocr_body
+    from .engines.registry import create_engine
+    from .errors import HyocrError
+    from .pipeline.service import MediaInput, OcrCall, OcrService
+    from .pipeline.tasks import parse_task
+
+    fields = tuple(f.strip() for f in (args.fields or "").split(",") if f.strip())
+
+    async def go() -> int:
+        engine = create_engine(settings)
+        service = OcrService.from_settings(engine, settings)
+        failures = 0
+        bodies = []
+        await engine.start()
+        try:
+            task = parse_task(args.task)
+            for path in args.files:
+                try:
+                    data = path.read_bytes()
+                except OSError as exc:
+                    print(f"hyocr: {path}: {exc.strerror}", file=sys.stderr)
+                    failures += 1
+                    continue
+                call = OcrCall(media=(MediaInput(data, param=str(path)),), task=task, fields=fields,
+                               target_language=args.language, question=args.question)
+                try:
+                    result = await service.run(await service.prepare(call))
+                except HyocrError as exc:
+                    message = exc.message if exc.public else "internal error"
+                    print(f"hyocr: {path}: {message}", file=sys.stderr)
+                    failures += 1
+                    continue
+                body = ocr_body(result)
+                if args.json:
+                    bodies.append({"file": str(path), **body})
+                else:
+                    if len(args.files) > 1:
+                        print(f"== {path} ==")
+                    print(_human(body))
+        finally:
+            await engine.stop()
+        if args.json and bodies:
+            out = bodies[0] if len(args.files) == 1 else bodies
+            print(json.dumps(out, ensure_ascii=False, indent=2))
+        return 1 if failures else 0
+
+    try:
+        return asyncio.run(go())
+    except HyocrError as exc:  # bad task name etc.
+        print(f"hyocr: {exc.message}", file=sys.stderr)
+        return 2
+
+
+def _human(body: dict) -> str:
+    """Readable text: fields for extraction, else the page text."""
+    lines = []
+    for page in body["pages"]:
+        if page.get("fields") is not None:
+            lines += [f"{k}: {v}" for k, v in page["fields"].items()]
+        elif page["text"]:
+            lines.append(page["text"])
+        if page.get("error"):
+            lines.append(f"[page {page['index']}: {page['error']}]")
+    if body["task"] != body["requested_task"]:
+        lines.append(f"[ran task {body['task']!r} instead of {body['requested_task']!r}]")
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""One settings object for the whole process.
+
+Values come from ``HYOCR_*`` environment variables (and a ``.env`` file if present); CLI flags
+override them. Validated once, at start-up, with messages that name the setting.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ImageFormat = Literal["PNG", "JPEG", "WEBP", "BMP", "TIFF", "GIF", "JPEG2000"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="HYOCR_", env_file=".env", extra="ignore", frozen=True, validate_default=True
+    )
+
+    # --- server ---
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # --- engine ---
+    engine: str = Field("rapidocr", description="rapidocr | fake | (vllm | transformers | openai)")
+    model: str | None = Field(None, description="model id/path; engine default when unset")
+    served_model_name: str | None = Field(None, description="name in /v1/models and responses")
+    engine_workers: int = Field(
+        0, ge=0, le=64, description="parallel inferences for CPU engines (0 = one per 2 cores)"
+    )
+
+    # --- generation defaults ---
+    default_max_tokens: int = Field(4096, ge=1, le=131072)
+    max_tokens_limit: int = Field(16384, ge=1, le=131072)
+    prompt_language: Literal["zh", "en"] = "zh"
+
+    # --- media limits (enforced before decoding) ---
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024)
+    max_image_pixels: int = Field(40_000_000, ge=1024, description="width*height from the header")
+    max_images_per_request: int = Field(8, ge=1, le=1000)
+    image_formats: tuple[ImageFormat, ...] = ("PNG", "JPEG", "WEBP", "BMP", "TIFF")
+
+    @field_validator("image_formats", mode="before")
+    @classmethod
+    def _split_formats(cls, v: object) -> object:
+        if isinstance(v, str):  # HYOCR_IMAGE_FORMATS=png,jpeg
+            return tuple(s.strip().upper() for s in v.split(",") if s.strip())
+        return v
+
+    @field_validator("max_tokens_limit")
+    @classmethod
+    def _limit_covers_default(cls, v: int, info) -> int:
+        default = info.data.get("default_max_tokens")
+        if default is not None and v < default:
+            raise ValueError(f"must be >= default_max_tokens ({default})")
+        return v
+
+    @property
+    def workers(self) -> int:
+        """Parallel CPU inferences: explicit, or one per two cores (ONNX Runtime threads inside each)."""
+        if self.engine_workers:
+            return self.engine_workers
+        import os
+
+        return max(1, (os.cpu_count() or 2) // 2)
+
+
+class SettingsError(Exception):
+    """Bad configuration, with one readable line per problem."""
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build settings from the environment plus explicit overrides (``None`` overrides are ignored)."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            name = ".".join(str(p) for p in err["loc"]) or "settings"
+            env = f"HYOCR_{name.upper()}"
+            lines.append(f"  {name} ({env} / --{name.replace('_', '-')}): {err['msg']}")
+        raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None

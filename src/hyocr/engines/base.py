@@ -1,0 +1,52 @@
+"""The one interface every engine implements. The server imports only this module.
+
+An engine turns an ``EngineRequest`` (prompt + validated images) into a stream of ``EngineChunk``s.
+Cancelling the consumer (``aclose()`` on the iterator, or ``CancelledError`` while awaiting it)
+must abort the engine's work for that request: engines clean up in ``finally``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ..types import EngineChunk, EngineRequest, Task
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What an engine is and what it can do, as reported by ``/v1/models`` and used for routing."""
+
+    name: str  # registry name: rapidocr, vllm, ...
+    model: str  # served model name
+    tasks: frozenset[Task]
+    follows_prompts: bool  # a vision-language model that reads the prompt (vs. a fixed OCR pipeline)
+    max_images: int = 1  # images per engine request
+    details: dict[str, str] = field(default_factory=dict)  # revision, model path, versions
+
+
+class Engine(abc.ABC):
+    """Base class for engines. Subclasses set ``info`` and implement ``generate``."""
+
+    info: EngineInfo
+
+    async def start(self) -> None:
+        """Load models / connect. Called once before serving."""
+
+    async def stop(self) -> None:
+        """Release resources. Called once at shutdown; must not raise."""
+
+    async def ready(self) -> bool:
+        """True when the engine can answer a request now (loaded, alive)."""
+        return True
+
+    @abc.abstractmethod
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Stream the output for one request. The last chunk has a ``finish_reason``."""
+
+    async def abort(self, request_id: str) -> None:
+        """Stop work on a request whose consumer went away. Idempotent."""
+
+    def supports(self, task: Task) -> bool:
+        return task in self.info.tasks

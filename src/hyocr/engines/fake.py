@@ -1,0 +1,163 @@
+"""A deterministic, scriptable engine for testing the serving layer. It does no OCR.
+
+It behaves like a vision-language model: it follows every task and streams "tokens" (words) in
+HunyuanOCR's output formats, so the post-processing and streaming paths run for real.
+
+Script it per process with the model string (``--engine fake --model "latency=0.2,token_delay=0.01"``)
+or per request with directives in the prompt text:
+
+    [[fake:fail]]       raise an engine error before the first token
+    [[fake:fail_mid]]   raise after the first token
+    [[fake:hang]]       never answer (until cancelled)
+    [[fake:loop]]       produce a repeating tail (for the loop guard)
+    [[fake:delay=0.5]]  wait this long before the first token
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
+
+from ..config import SettingsError
+from ..errors import EngineError
+from ..types import EngineChunk, EngineRequest, FinishReason, Task
+from .base import Engine, EngineInfo
+from .registry import ALL_TASKS
+
+if TYPE_CHECKING:
+    from ..config import Settings
+
+_DIRECTIVE = re.compile(r"\[\[fake:(\w+)(?:=([\d.]+))?\]\]")
+
+
+@dataclass(frozen=True, slots=True)
+class FakeScript:
+    latency: float = 0.0  # seconds before the first token
+    token_delay: float = 0.0  # seconds between tokens
+    fail: bool = False
+    fail_mid: bool = False
+    hang: bool = False
+    loop: bool = False
+    image_tokens: int = 64  # prompt tokens charged per image
+
+    @classmethod
+    def parse(cls, spec: str | None) -> FakeScript:
+        """``"latency=0.1,token_delay=0.01,fail"`` -> FakeScript."""
+        script = cls()
+        names = {f.name: f.type for f in fields(cls)}
+        for item in filter(None, (s.strip() for s in (spec or "").split(","))):
+            key, _, value = item.partition("=")
+            if key not in names:
+                raise SettingsError(f"fake engine: unknown option {key!r}; known: {', '.join(names)}")
+            try:
+                parsed: object = (
+                    value.lower() in ("", "1", "true", "yes")
+                    if names[key] == "bool"
+                    else (int(value) if names[key] == "int" else float(value))
+                )
+            except ValueError:
+                raise SettingsError(f"fake engine: bad value for {key}: {value!r}") from None
+            script = replace(script, **{key: parsed})
+        return script
+
+
+class FakeEngine(Engine):
+    def __init__(self, script: FakeScript | None = None, *, model: str = "fake-ocr") -> None:
+        self.script = script or FakeScript()
+        self.info = EngineInfo(
+            name="fake", model=model, tasks=ALL_TASKS, follows_prompts=True, max_images=8
+        )
+        self.started = False
+        self.active: set[str] = set()  # request ids being generated now
+        self.aborted: list[str] = []  # request ids whose consumer went away mid-stream
+        self.completed: list[str] = []
+        self.requests: list[EngineRequest] = []  # everything received, for assertions
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> FakeEngine:
+        return cls(FakeScript.parse(settings.model), model=settings.served_model_name or "fake-ocr")
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+
+    async def ready(self) -> bool:
+        return self.started
+
+    def _script_for(self, prompt: str) -> FakeScript:
+        script = self.script
+        for name, value in _DIRECTIVE.findall(prompt):
+            if name == "delay":
+                script = replace(script, latency=float(value or 0))
+            elif name in ("fail", "fail_mid", "hang", "loop"):
+                script = replace(script, **{name: True})
+        return script
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        self.requests.append(request)
+        script = self._script_for(request.prompt)
+        prompt_tokens = len(request.prompt.split()) + script.image_tokens * len(request.images)
+        max_tokens = request.sampling.max_tokens or 4096
+        self.active.add(request.request_id)
+        done = False
+        try:
+            if script.latency:
+                await asyncio.sleep(script.latency)
+            if script.fail:
+                raise EngineError("fake engine failure (scripted)")
+            if script.hang:
+                await asyncio.Event().wait()
+            words = fake_output(request, loop=script.loop)
+            count = 0
+            for count, word in enumerate(words, start=1):
+                if count > 1 and script.fail_mid:
+                    raise EngineError("fake engine failure mid-stream (scripted)")
+                if script.token_delay:
+                    await asyncio.sleep(script.token_delay)
+                if count > max_tokens:
+                    done = True
+                    yield EngineChunk(
+                        finish_reason=FinishReason.LENGTH,
+                        prompt_tokens=prompt_tokens,
+                        completion_tokens=count - 1,
+                    )
+                    return
+                yield EngineChunk(text=word, prompt_tokens=prompt_tokens, completion_tokens=count)
+            done = True
+            yield EngineChunk(
+                finish_reason=FinishReason.STOP, prompt_tokens=prompt_tokens, completion_tokens=count
+            )
+        finally:
+            self.active.discard(request.request_id)
+            (self.completed if done else self.aborted).append(request.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.active.discard(request_id)
+
+
+def fake_output(request: EngineRequest, *, loop: bool = False) -> list[str]:
+    """Deterministic output in HunyuanOCR's format for the task, split into word "tokens"."""
+    image = request.images[0] if request.images else None
+    size = f"{image.width}x{image.height}" if image else "no-image"
+    task = request.task
+    if loop:
+        text = "Total due: 10.00 " + "repeat this " * 400
+    elif task is Task.SPOTTING:
+        text = "HYOCR FAKE(100,100),(500,200) page " + size + "(100,300),(900,400)"
+    elif task is Task.DOCUMENT:
+        text = (
+            "# Fake document\n\nA paragraph about a " + size + " page.\n\n"
+            "<table><tr><td>a</td><td>1</td></tr></table>\n\n$$E = mc^2$$"
+        )
+    elif task is Task.EXTRACT:
+        keys = re.findall(r"'([^']+)'", request.prompt) or ["value"]
+        text = "```json\n" + json.dumps({k: f"fake {k}" for k in keys}, ensure_ascii=False) + "\n```"
+    else:
+        text = f"fake {task.value} output for a {size} image"
+    return re.findall(r"\S+\s*|\s+", text)

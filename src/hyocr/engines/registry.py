@@ -1,0 +1,65 @@
+"""Engine name -> implementation, imported lazily so optional backends stay optional."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..config import SettingsError
+from ..types import Task
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from .base import Engine
+
+ALL_TASKS = frozenset(Task)
+OCR_ONLY_TASKS = frozenset({Task.SPOTTING, Task.TEXT})
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    name: str
+    target: str  # "module:factory"; the factory takes Settings and returns an Engine
+    tasks: frozenset[Task]
+    extra: str | None  # pip extra that installs its dependencies
+    summary: str
+
+
+ENGINES: dict[str, EngineSpec] = {
+    spec.name: spec
+    for spec in (
+        EngineSpec(
+            "rapidocr",
+            "hyocr.engines.rapidocr:RapidOcrEngine",
+            OCR_ONLY_TASKS,
+            None,
+            "embedded CPU OCR (PP-OCR ONNX models shipped in the rapidocr wheel), offline",
+        ),
+        EngineSpec(
+            "fake",
+            "hyocr.engines.fake:FakeEngine",
+            ALL_TASKS,
+            None,
+            "deterministic, scriptable engine for testing the serving layer (not OCR)",
+        ),
+    )
+}
+
+
+def engines_for(task: Task) -> list[str]:
+    """Engines (other than the test fake) that can run ``task``, for error messages."""
+    return [n for n, s in ENGINES.items() if task in s.tasks and n != "fake"]
+
+
+def create_engine(settings: Settings) -> Engine:
+    spec = ENGINES.get(settings.engine)
+    if spec is None:
+        raise SettingsError(f"unknown engine {settings.engine!r}; available: {', '.join(ENGINES)}")
+    module_name, _, attr = spec.target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f' Install it with: pip install "hyocr[{spec.extra}]"' if spec.extra else ""
+        raise SettingsError(f"engine {spec.name!r} needs a missing package ({exc.name}).{hint}") from exc
+    return getattr(module, attr).from_settings(settings)

@@ -1,0 +1,117 @@
+"""The hyocr exception tree. Every error knows its HTTP status and OpenAI error type.
+
+    HyocrError (500, internal_error)          never shows its message to clients
+    +-- InvalidRequest (400)                   bad parameters, malformed JSON, unknown task
+    |   +-- UnsupportedTask (400)              the engine cannot do this task
+    |   +-- InvalidMedia (400)                 not an image, bad base64, truncated file
+    +-- AuthenticationFailed (401)
+    +-- Forbidden (403)
+    +-- NotFound (404)
+    +-- PayloadTooLarge (413)                  body, image bytes or pixels over a cap
+    +-- UnsupportedMediaType (415)             a format outside the allowlist
+    +-- RateLimited (429)
+    +-- ServiceUnavailable (503)               engine not ready, overloaded, circuit open
+    +-- GatewayTimeout (504)                   request deadline passed
+    +-- EngineError (500)                      the engine failed on this request
+
+The API maps them to ``{"error": {"message", "type", "param", "code"}}`` in one place
+(``hyocr.api.errors``). Only ``public`` errors show their message; internal ones say "internal error".
+"""
+
+from __future__ import annotations
+
+
+class HyocrError(Exception):
+    status: int = 500
+    type: str = "internal_error"
+    code: str | None = None
+    public: bool = False  # may the message be shown to the client?
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
+
+
+class InvalidRequest(HyocrError):
+    status = 400
+    type = "invalid_request_error"
+    public = True
+
+
+class UnsupportedTask(InvalidRequest):
+    code = "unsupported_task"
+
+
+class InvalidMedia(InvalidRequest):
+    code = "invalid_image"
+
+
+class AuthenticationFailed(HyocrError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+    public = True
+
+
+class Forbidden(HyocrError):
+    status = 403
+    type = "permission_error"
+    public = True
+
+
+class NotFound(HyocrError):
+    status = 404
+    type = "not_found_error"
+    public = True
+
+
+class PayloadTooLarge(HyocrError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+    public = True
+
+
+class UnsupportedMediaType(HyocrError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+    public = True
+
+
+class RateLimited(HyocrError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+    public = True
+
+
+class ServiceUnavailable(HyocrError):
+    status = 503
+    type = "service_unavailable"
+    public = True
+
+
+class GatewayTimeout(HyocrError):
+    status = 504
+    type = "timeout_error"
+    code = "request_timeout"
+    public = True
+
+
+class EngineError(HyocrError):
+    """The engine failed on this request. Its message may hold internals, so it stays private."""
+
+    status = 500
+    type = "engine_error"

@@ -1,0 +1,1 @@
+"""Request pipeline: task prompts, output post-processing and the steps between API and engine."""

@@ -1,0 +1,143 @@
+"""Untrusted bytes -> validated RGB page images.
+
+Every limit is enforced before the expensive step it protects: the base64 length before decoding
+it, the format (from magic bytes) before any Pillow plugin sees the data, the pixel count (from the
+header) before pixels are decoded. Only allowlisted formats ever reach a decoder.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+from dataclasses import dataclass
+
+from PIL import Image, ImageOps
+
+from ..errors import InvalidMedia, PayloadTooLarge, UnsupportedMediaType
+from ..types import PageImage
+
+# (format, signature test). Order matters only where signatures overlap (none do here).
+_SIGNATURES: tuple[tuple[str, object], ...] = (
+    ("PNG", lambda b: b.startswith(b"\x89PNG\r\n\x1a\n")),
+    ("JPEG", lambda b: b.startswith(b"\xff\xd8\xff")),
+    ("WEBP", lambda b: b[:4] == b"RIFF" and b[8:12] == b"WEBP"),
+    ("GIF", lambda b: b[:6] in (b"GIF87a", b"GIF89a")),
+    ("TIFF", lambda b: b[:4] in (b"II*\x00", b"MM\x00*")),
+    ("BMP", lambda b: b.startswith(b"BM") and len(b) > 14),
+    ("JPEG2000", lambda b: b.startswith(b"\x00\x00\x00\x0cjP  ") or b.startswith(b"\xffO\xffQ")),
+)
+# Recognised, never decoded: formats whose decoders are risky or that need another pipeline.
+_REFUSED: tuple[tuple[str, object], ...] = (
+    ("PDF", lambda b: b.lstrip()[:5] == b"%PDF-"),
+    ("EPS", lambda b: b.startswith(b"%!PS") or b.startswith(b"\xc5\xd0\xd3\xc6")),
+    ("SVG", lambda b: re.match(rb"\s*(<\?xml|<svg|<!DOCTYPE svg)", b[:256], re.I) is not None),
+    ("FITS", lambda b: b.startswith(b"SIMPLE  =")),
+    ("PSD", lambda b: b.startswith(b"8BPS")),
+    ("ICO", lambda b: b[:4] in (b"\x00\x00\x01\x00", b"\x00\x00\x02\x00")),
+    ("HEIF/AVIF", lambda b: b[4:8] == b"ftyp"),
+)
+_DATA_URL = re.compile(r"^data:([\w.+-]+/[\w.+-]+)?((?:;[\w-]+=[\w.-]+)*)(;base64)?,", re.I)
+
+
+@dataclass(frozen=True, slots=True)
+class MediaLimits:
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+    formats: frozenset[str] = frozenset({"PNG", "JPEG", "WEBP", "BMP", "TIFF"})
+
+    @classmethod
+    def from_settings(cls, settings) -> MediaLimits:
+        return cls(settings.max_image_bytes, settings.max_image_pixels, frozenset(settings.image_formats))
+
+
+def decode_base64(data: str, limits: MediaLimits, *, param: str = "image") -> bytes:
+    """Base64 or a ``data:`` URL -> bytes, refusing oversized payloads before decoding them."""
+    if not isinstance(data, str) or not data.strip():
+        raise InvalidMedia("image data is empty", param=param)
+    payload = data.strip()
+    if payload[:5].lower() == "data:":
+        match = _DATA_URL.match(payload[:512])
+        if match is None or not match.group(3):
+            raise InvalidMedia("malformed data URL: expected data:<type>;base64,<data>", param=param)
+        payload = payload[match.end() :]
+    # Decoded size is 3/4 of the base64 length: check it before allocating anything.
+    if len(payload) * 3 // 4 > limits.max_image_bytes + 3:
+        raise PayloadTooLarge(
+            f"image is larger than the {limits.max_image_bytes} byte limit", param=param
+        )
+    if any(c in payload for c in " \n\r\t"):
+        payload = re.sub(r"\s+", "", payload)
+    if "-" in payload or "_" in payload:  # url-safe alphabet
+        payload = payload.replace("-", "+").replace("_", "/")
+    payload += "=" * (-len(payload) % 4)
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidMedia("image is not valid base64", param=param) from None
+    if not raw:
+        raise InvalidMedia("image data is empty", param=param)
+    return raw
+
+
+def sniff_format(data: bytes) -> str | None:
+    head = data[:512]
+    for name, test in _SIGNATURES + _REFUSED:
+        if test(head):  # type: ignore[operator]
+            return name
+    return None
+
+
+def load_image(data: bytes, limits: MediaLimits, *, index: int = 0, param: str = "image") -> PageImage:
+    """Validate and decode one image. Raises 400/413/415 errors with messages safe to show."""
+    if len(data) > limits.max_image_bytes:
+        raise PayloadTooLarge(
+            f"image is larger than the {limits.max_image_bytes} byte limit", param=param
+        )
+    fmt = sniff_format(data)
+    if fmt is None:
+        raise InvalidMedia("file is not a recognised image (PNG, JPEG, WebP, BMP, TIFF)", param=param)
+    if fmt not in limits.formats:
+        allowed = ", ".join(sorted(limits.formats))
+        raise UnsupportedMediaType(f"{fmt} files are not accepted; allowed: {allowed}", param=param)
+    try:
+        image = Image.open(io.BytesIO(data), formats=[fmt])  # header only, no pixels yet
+    except Image.DecompressionBombError:
+        raise PayloadTooLarge("image has too many pixels", param=param) from None
+    except Exception:
+        raise InvalidMedia(f"could not read the {fmt} image header", param=param) from None
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise InvalidMedia("image has no pixels", param=param)
+    if width * height > limits.max_image_pixels:
+        raise PayloadTooLarge(
+            f"image is {width}x{height} = {width * height} pixels; "
+            f"the limit is {limits.max_image_pixels}",
+            param=param,
+        )
+    try:
+        image.seek(0)  # first frame of animations / multi-page TIFF
+        image = ImageOps.exif_transpose(image) or image
+        rgb = _to_rgb(image)
+    except Image.DecompressionBombError:
+        raise PayloadTooLarge("image has too many pixels", param=param) from None
+    except Exception:
+        raise InvalidMedia(f"the {fmt} image is truncated or corrupt", param=param) from None
+    return PageImage(image=rgb, index=index, source_format=fmt, source_bytes=len(data))
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """Any mode -> 8-bit RGB; transparency is flattened onto white (how a page is printed)."""
+    image.load()
+    if image.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
+        lo, hi = image.getextrema()
+        scale = 255.0 / (hi - lo) if hi > lo else 1.0
+        image = image.point(lambda v: (v - lo) * scale).convert("L")
+    if image.mode == "P":
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
+        image = image.convert("RGBA")
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, image).convert("RGB")
+    return image.convert("RGB") if image.mode != "RGB" else image

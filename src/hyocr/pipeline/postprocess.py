@@ -1,0 +1,540 @@
+"""Turn raw HunyuanOCR output into structure: boxes, trimmed loops, JSON fields, markdown.
+
+Everything here is a pure function of its inputs (LoopGuard only of what it was fed) and never trusts
+the model: malformed output degrades to text, it does not raise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from hyocr.types import TextBlock
+
+__all__ = [
+    "LoopGuard",
+    "extract_json",
+    "fields_from_json",
+    "markdown_from_document",
+    "normalized_box_to_pixels",
+    "parse_spotting",
+    "to_spotting_text",
+    "trim_repetition",
+]
+
+GRID = 1000  # HunyuanOCR boxes are normalised to 0..1000 of the image width/height
+
+_NUM = r"\d+(?:\.\d+)?"
+# One box: "(x1,y1),(x2,y2)". Anchoring on this pattern (not on "[^()]+") lets the text hold parentheses.
+_PAIR = re.compile(rf"\(\s*({_NUM})\s*,\s*({_NUM})\s*\)\s*,\s*\(\s*({_NUM})\s*,\s*({_NUM})\s*\)")
+_TAGGED = re.compile(r"<ref>(.*?)</ref>\s*(?:<(quad|box)>(.*?)</(?:quad|box)>)?", re.S)
+_STRAY_TAG = re.compile(r"</?(?:ref|quad|box)>")
+_ANY_NUM = re.compile(r"-?\d+(?:\.\d+)?")
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n?(.*?)(?:```|\Z)", re.S)
+
+
+# ---- spotting ------------------------------------------------------------------------------------
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return low if value < low else high if value > high else value
+
+
+def _finite(values: Iterable[Any]) -> list[float] | None:
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return out if all(math.isfinite(v) for v in out) else None
+
+
+def normalized_box_to_pixels(
+    box: Sequence[float], width: int, height: int
+) -> tuple[float, float, float, float]:
+    """[x1, y1, x2, y2] on the 0..1000 grid -> pixels of a ``width`` x ``height`` image.
+
+    Corners are re-ordered (x1 <= x2, y1 <= y2) and clamped to the image, because the model sometimes
+    emits swapped corners or values a little past 1000. Rounded to 2 decimals to keep output stable.
+    """
+    if width <= 0 or height <= 0:
+        raise ValueError(f"image size must be positive, got {width}x{height}")
+    if len(box) != 4:
+        raise ValueError(f"a box needs 4 numbers, got {len(box)}")
+    x1, y1, x2, y2 = (float(v) for v in box)
+    xs = sorted(round(_clamp(x * width / GRID, 0.0, float(width)), 2) for x in (x1, x2))
+    ys = sorted(round(_clamp(y * height / GRID, 0.0, float(height)), 2) for y in (y1, y2))
+    return (xs[0], ys[0], xs[1], ys[1])
+
+
+def _block_from_numbers(text: str, numbers: Sequence[Any], width: int, height: int) -> TextBlock:
+    """4 numbers are a box, 8 (or 4 points) a quad; anything else keeps the text without a box."""
+    flat: list[Any] = []
+    for n in numbers:
+        flat.extend(n if isinstance(n, (list, tuple)) else (n,))
+    values = _finite(flat)
+    if values is None or len(values) not in (4, 8):
+        return TextBlock(text=text)
+    if len(values) == 4:
+        return TextBlock(text=text, box=normalized_box_to_pixels(values, width, height))
+    points = [
+        (round(_clamp(x * width / GRID, 0.0, float(width)), 2), round(_clamp(y * height / GRID, 0.0, float(height)), 2))
+        for x, y in zip(values[0::2], values[1::2])
+    ]
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    return TextBlock(text=text, box=(min(xs), min(ys), max(xs), max(ys)), polygon=tuple(points))
+
+
+def _parse_plain(text: str, width: int, height: int) -> list[TextBlock]:
+    """The 1.0 format: ``text(x1,y1),(x2,y2)text2(x1,y1),(x2,y2)``, any separators between items."""
+    blocks: list[TextBlock] = []
+    start = 0
+    for m in _PAIR.finditer(text):
+        nxt = _PAIR.match(text, m.end())
+        if nxt is not None:
+            # Two boxes back to back: the first belongs to the text ("Item (1,2),(3,4)" + its own box).
+            continue
+        item = text[start : m.start()].strip()
+        start = m.end()
+        if item:
+            blocks.append(TextBlock(text=item, box=normalized_box_to_pixels(m.groups(), width, height)))
+    tail = text[start:].strip()
+    if tail:
+        blocks.append(TextBlock(text=tail))
+    return blocks
+
+
+def _spotting_items(value: Any) -> list[Any] | None:
+    """The 1.5 ``spotting_json`` array, or the first array of objects inside a wrapper object."""
+    if isinstance(value, dict):
+        value = next((v for v in value.values() if isinstance(v, list)), None)
+    if not isinstance(value, list) or not value:
+        return None
+    if not any(isinstance(i, dict) and ("text" in i or "content" in i) for i in value):
+        return None
+    return value
+
+
+def _parse_json_items(items: list[Any], width: int, height: int) -> list[TextBlock]:
+    blocks: list[TextBlock] = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        raw_text = item.get("text", item.get("content"))
+        text = raw_text.strip() if isinstance(raw_text, str) else ""
+        if not text:
+            continue
+        box = next((item[k] for k in ("box", "bbox", "quad", "polygon", "points") if k in item), None)
+        if isinstance(box, (list, tuple)):
+            blocks.append(_block_from_numbers(text, box, width, height))
+        else:
+            blocks.append(TextBlock(text=text))
+    return blocks
+
+
+def parse_spotting(text: str, width: int, height: int) -> list[TextBlock]:
+    """Spotting output -> pixel-space blocks, in output order.
+
+    Accepts the 1.0 run format, ``<ref>..</ref><quad|box>..</quad|box>`` and the 1.5 JSON array.
+    Nothing is silently lost: text without coordinates becomes a block whose box is None.
+    """
+    if width <= 0 or height <= 0:
+        raise ValueError(f"image size must be positive, got {width}x{height}")
+    if not isinstance(text, str) or not text.strip():
+        return []
+    body = text.strip()
+    if body.startswith(("[", "{", "```")):
+        value, _ = extract_json(body)
+        items = _spotting_items(value)
+        if items is not None:
+            return _parse_json_items(items, width, height)
+        body = markdown_from_document(body)
+    if "<ref>" not in body:
+        return _parse_plain(_STRAY_TAG.sub("\n", body), width, height)
+    blocks: list[TextBlock] = []
+    start = 0
+    for m in _TAGGED.finditer(body):
+        blocks.extend(_parse_plain(_STRAY_TAG.sub("\n", body[start : m.start()]), width, height))
+        start = m.end()
+        item = m.group(1).strip()
+        if not item:
+            continue
+        if m.group(2) is None:
+            blocks.append(TextBlock(text=item))
+        else:
+            blocks.append(_block_from_numbers(item, _ANY_NUM.findall(m.group(3)), width, height))
+    blocks.extend(_parse_plain(_STRAY_TAG.sub("\n", body[start:]), width, height))
+    return blocks
+
+
+def to_spotting_text(blocks: Iterable[TextBlock], width: int, height: int) -> str:
+    """Render pixel-space blocks in the 1.0 format so chat clients see what HunyuanOCR would emit.
+
+    Box-less blocks are written as their text plus a newline; they round-trip only as text.
+    """
+    if width <= 0 or height <= 0:
+        raise ValueError(f"image size must be positive, got {width}x{height}")
+
+    def grid(v: float, size: int) -> int:
+        return int(_clamp(round(v * GRID / size), 0, GRID))
+
+    parts: list[str] = []
+    for block in blocks:
+        text = block.text.strip()
+        if not text:
+            continue
+        if block.box is None:
+            parts.append(text + "\n")
+            continue
+        x1, y1, x2, y2 = block.box
+        gx = sorted((grid(x1, width), grid(x2, width)))
+        gy = sorted((grid(y1, height), grid(y2, height)))
+        parts.append(f"{text}({gx[0]},{gy[0]}),({gx[1]},{gy[1]})")
+    return "".join(parts)
+
+
+# ---- repetition loops ----------------------------------------------------------------------------
+
+
+def _periodic(text: str, n: int, unit: int, span: int) -> bool:
+    """Do the last ``span`` chars repeat with period ``unit``? One C-level comparison."""
+    return text[n - span : n - unit] == text[n - span + unit : n]
+
+
+def _needed_span(unit: int, min_repeats: int, min_span: int) -> int:
+    return max(min_repeats * unit, -(-min_span // unit) * unit)
+
+
+def _tail_loop(text: str, min_repeats: int, max_unit: int, min_span: int, *, exact: bool) -> tuple[int, int] | None:
+    """The (unit length, repeating span) of the tail loop, or None.
+
+    With ``exact`` the longest span wins (smallest unit on ties), found by galloping + binary search
+    over the span, so each unit costs O(log n) slice comparisons; multiples of a unit already found are
+    skipped when they cannot extend it. Without ``exact`` the first unit that qualifies is returned.
+    """
+    n = len(text)
+    min_repeats = max(2, min_repeats)
+    best: tuple[int, int] | None = None
+    found: list[tuple[int, int]] = []
+    for unit in range(1, max(1, max_unit) + 1):
+        need = _needed_span(unit, min_repeats, min_span)
+        if need > n:
+            if unit * min_repeats > n:
+                break
+            continue
+        if any(unit % p == 0 and unit <= s for p, s in found):
+            continue
+        if not _periodic(text, n, unit, need):
+            continue
+        if not exact:
+            return unit, need
+        lo, hi = need, need
+        while hi < n and _periodic(text, n, unit, min(hi * 2, n)):
+            lo = hi = min(hi * 2, n)
+        if hi < n:
+            hi = min(hi * 2, n)  # fails
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if _periodic(text, n, unit, mid):
+                    lo = mid
+                else:
+                    hi = mid
+        found.append((unit, lo))
+        if best is None or lo > best[1]:
+            best = (unit, lo)
+    return best
+
+
+def trim_repetition(
+    text: str, *, min_length: int = 0, min_repeats: int = 10, max_unit: int = 200, min_span: int = 0
+) -> tuple[str, bool]:
+    """Cut a looping tail down to its first occurrence: ``(trimmed, True)``, else ``(text, False)``.
+
+    A loop is a unit of 1..max_unit chars repeated back to back >= min_repeats times at the end, whose
+    repeats also cover >= min_span chars (0 = the official HunyuanOCR rule). The result is always a prefix
+    of ``text``: everything before the loop plus one whole unit, so a half-written last repeat is dropped.
+    """
+    if len(text) < max(min_length, 1):
+        return text, False
+    loop = _tail_loop(text, min_repeats, max_unit, min_span, exact=True)
+    if loop is None:
+        return text, False
+    unit, span = loop
+    start = len(text) - span
+    return text[: start + _unit_phase(text, start, unit) + unit], True
+
+
+_BOUNDARY_RANK = {**dict.fromkeys("\n", 3), **dict.fromkeys("。．.!！?？;；", 2)}
+_SOFT_BOUNDARY = frozenset(" \t,，、:：)）]】>」』\"'")
+
+
+def _unit_phase(text: str, start: int, unit: int) -> int:
+    """Where in the loop a unit most plausibly begins (0..unit-1 chars after ``start``).
+
+    The periodic span often reaches a few chars before the real loop (the text before a repeated
+    sentence also ends in "。"), so cutting at ``start + unit`` would drop the unit's own last char.
+    Prefer a phase right after a line break, then after sentence punctuation, then after a space.
+    """
+    best, best_rank = 0, 0
+    for phase in range(unit):
+        at = text[start + phase]
+        if at.isspace() or at in _BOUNDARY_RANK or at in _SOFT_BOUNDARY:
+            continue
+        before = text[start + phase - 1 + unit]  # same char as the one before, one period later
+        rank = _BOUNDARY_RANK.get(before, 1 if before in _SOFT_BOUNDARY or before.isspace() else 0)
+        if rank > best_rank:
+            best, best_rank = phase, rank
+    return best
+
+
+class LoopGuard:
+    """Streaming loop detector: feed deltas, stop generating when ``feed`` returns True.
+
+    Rule: the tail is a loop when a unit of 1..max_unit chars repeats back to back at least
+    ``min_repeats`` times AND the repeats span at least ``min_span`` chars. The span rule makes short
+    units need more repeats (a 1-char unit needs 200 by default), because runs like ``----------`` or
+    ``0000000000`` are legitimate in forms and tables while a 200-char run is not. Checks run only after
+    ``check_after`` chars and then every ``check_every`` new chars, on a bounded tail window, so the cost
+    per call stays small however long the output grows. Once triggered it stays triggered.
+    """
+
+    def __init__(
+        self,
+        min_repeats: int = 10,
+        max_unit: int = 200,
+        check_after: int = 256,
+        check_every: int = 64,
+        min_span: int = 200,
+    ) -> None:
+        self.min_repeats = max(2, min_repeats)
+        self.max_unit = max(1, max_unit)
+        self.check_after = max(0, check_after)
+        self.check_every = max(1, check_every)
+        self.min_span = max(0, min_span)
+        self._window = max(self.min_repeats * self.max_unit, self.min_span + self.max_unit)
+        self._parts: list[str] = []
+        self._pending: list[str] = []
+        self._length = 0
+        self._unchecked = 0
+        self._tail = ""
+        self._text_cache: str | None = ""
+        self._triggered = False
+
+    @property
+    def text(self) -> str:
+        if self._text_cache is None:
+            self._text_cache = "".join(self._parts)
+        return self._text_cache
+
+    @property
+    def triggered(self) -> bool:
+        return self._triggered
+
+    def feed(self, delta: str) -> bool:
+        """Add new output; True when the accumulated tail is looping."""
+        if delta:
+            self._parts.append(delta)
+            self._pending.append(delta)
+            self._length += len(delta)
+            self._unchecked += len(delta)
+            self._text_cache = None
+        if self._triggered:
+            return True
+        if self._length < self.check_after or self._unchecked < self.check_every:
+            return False
+        self._unchecked = 0
+        self._tail = (self._tail + "".join(self._pending))[-self._window :]
+        self._pending.clear()
+        loop = _tail_loop(self._tail, self.min_repeats, self.max_unit, self.min_span, exact=False)
+        self._triggered = loop is not None
+        return self._triggered
+
+    def trimmed_text(self) -> str:
+        """The text with the detected loop cut to one unit (unchanged when no loop was detected)."""
+        if not self._triggered:
+            return self.text
+        trimmed, _ = trim_repetition(
+            self.text, min_repeats=self.min_repeats, max_unit=self.max_unit, min_span=self.min_span
+        )
+        return trimmed
+
+
+# ---- JSON ----------------------------------------------------------------------------------------
+
+_CLOSERS = {"{": "}", "[": "]"}
+_PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
+_BARE_WORD = re.compile(r"[A-Za-z_\u4e00-\u9fff][\w\u4e00-\u9fff-]*")
+_KEY_COLON = re.compile(r"\s*[:：]")
+_MAX_STARTS = 20  # bracket positions tried as the start of the value
+_MAX_REPAIRS = 3  # of which this many are also tried repaired (the repair pass is pure Python)
+
+
+def _strip_fences(text: str) -> str:
+    m = _FENCE.search(text)
+    return m.group(2) if m else text
+
+
+def _balanced(text: str, start: int) -> str:
+    """The bracketed value starting at ``start``; a truncated one is closed (output hit max_tokens)."""
+    stack: list[str] = []
+    quote: str | None = None
+    i = start
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch in _CLOSERS:
+            stack.append(_CLOSERS[ch])
+        elif ch in "]}":
+            if stack and stack[-1] == ch:
+                stack.pop()
+            if not stack:
+                return text[start : i + 1]
+        i += 1
+    return text[start:] + (quote or "") + "".join(reversed(stack))
+
+
+def _repair(text: str) -> str:
+    """Python-ish / sloppy JSON -> JSON: single-quoted strings, True/False/None, trailing commas,
+    full-width ``：``/``，`` between tokens, bare keys. Strings are copied untouched except re-quoting."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch in "\"'":
+            j, buf = i + 1, []
+            while j < n and text[j] != ch:
+                if text[j] == "\\" and j + 1 < n:
+                    nxt = text[j + 1]
+                    buf.append("'" if nxt == "'" else "\\" + nxt)
+                    j += 2
+                    continue
+                buf.append('\\"' if text[j] == '"' else text[j])
+                j += 1
+            out.append('"' + "".join(buf) + '"')
+            i = j + 1
+            continue
+        if ch in "：，":
+            out.append(":" if ch == "：" else ",")
+        elif ch in "]}":
+            while out and out[-1].strip() in ("", ","):
+                if out.pop().strip() == ",":
+                    break
+            out.append(ch)
+        else:
+            m = _BARE_WORD.match(text, i)
+            if m and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] in "._")):
+                word = m.group(0)
+                if word in _PY_LITERALS:
+                    out.append(_PY_LITERALS[word])
+                elif word in ("true", "false", "null"):
+                    out.append(word)
+                elif _KEY_COLON.match(text, m.end()):
+                    out.append(json.dumps(word, ensure_ascii=False))
+                else:
+                    out.append(word)
+                i = m.end()
+                continue
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def _loads(text: str) -> tuple[Any, str | None]:
+    try:
+        return json.loads(text, strict=False), None
+    except json.JSONDecodeError as exc:
+        return None, f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except (RecursionError, ValueError) as exc:
+        return None, f"invalid JSON: {type(exc).__name__}"
+
+
+def extract_json(text: str) -> tuple[Any | None, str | None]:
+    """Lenient JSON out of model output: ``(value, None)`` or ``(None, reason)``; never raises.
+
+    Order: the whole text, then fenced content, then the first bracketed value that parses (as is, then
+    repaired). Extraction output is often fenced, wrapped in prose, Python-quoted or cut off at max_tokens.
+    """
+    if not isinstance(text, str) or not text.strip():
+        return None, "empty output"
+    try:
+        body = text.strip()
+        value, error = _loads(body)
+        if error is None:
+            return value, None
+        body = _strip_fences(body).strip()
+        starts = [i for i, ch in enumerate(body) if ch in "{["][:_MAX_STARTS]
+        if not starts:
+            return None, "no JSON object or array found"
+        first_error: str | None = None
+        candidates: list[str] = []
+        covered = -1  # skip brackets nested inside a complete value that already failed
+        for start in starts:
+            if start < covered:
+                continue
+            candidate = _balanced(body, start)
+            if body.startswith(candidate, start):
+                covered = start + len(candidate)
+            value, error = _loads(candidate)
+            if error is None:
+                return value, None
+            first_error = first_error or error
+            candidates.append(candidate)
+        for candidate in candidates[:_MAX_REPAIRS]:
+            value, error = _loads(_repair(candidate))
+            if error is None:
+                return value, None
+        return None, first_error
+    except Exception as exc:  # noqa: BLE001 - a parser of untrusted text must not take the request down
+        return None, f"could not parse JSON: {type(exc).__name__}"
+
+
+def _norm_key(key: Any) -> str:
+    return re.sub(r"\s+", "", str(key)).casefold()
+
+
+def fields_from_json(value: Any, fields: Sequence[str]) -> dict[str, Any]:
+    """Exactly the requested keys, in order; missing ones are None.
+
+    Keys match exactly first, then ignoring case and whitespace ("Invoice No" for "invoice no").
+    A list of objects is merged, the first non-null value winning. With no fields requested, all keys
+    of the object(s) are returned, since the caller has nothing better to select by.
+    """
+    if isinstance(value, list):
+        merged: dict[str, Any] = {}
+        for item in value:
+            if isinstance(item, dict):
+                for k, v in item.items():
+                    if merged.get(str(k)) is None:
+                        merged[str(k)] = v
+        value = merged
+    if not isinstance(value, dict):
+        return {k: None for k in fields}
+    if not fields:
+        return {str(k): v for k, v in value.items()}
+    loose = {}
+    for k, v in value.items():
+        loose.setdefault(_norm_key(k), v)
+    return {k: value[k] if k in value else loose.get(_norm_key(k)) for k in fields}
+
+
+def markdown_from_document(text: str) -> str:
+    """Remove a ```markdown fence wrapping the whole output; fences inside the document stay."""
+    body = text.strip()
+    m = re.match(r"```[ \t]*([A-Za-z]*)[ \t]*\n", body)
+    if not m:
+        return text
+    tag = m.group(1).lower()
+    inner = body[m.end() :]
+    if inner.rstrip().endswith("```"):
+        inner = inner.rstrip()[:-3]
+    if tag in ("markdown", "md") or (tag == "" and "```" not in inner):
+        return inner.strip("\n")
+    return text

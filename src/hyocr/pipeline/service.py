@@ -1,0 +1,366 @@
+"""OcrService: the one place a request meets the engine.
+
+    OcrCall (from a route or the CLI)
+      -> resolve the task against what the engine can do
+      -> decode and validate media (off the event loop)
+      -> build the prompt (official HunyuanOCR prompts)
+      -> engine.generate(...) per page, concurrently, under the loop guard
+      -> post-process each page into structure
+
+Routes stay thin: they turn wire models into an ``OcrCall`` and render what comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+
+from ..engines.base import Engine
+from ..engines.registry import engines_for
+from ..errors import HyocrError, InvalidRequest, UnsupportedTask
+from ..types import (
+    EngineChunk,
+    EngineRequest,
+    FinishReason,
+    OcrResult,
+    PageImage,
+    PageResult,
+    SamplingParams,
+    Task,
+    TextBlock,
+    Usage,
+)
+from . import postprocess
+from .media import MediaLimits, decode_base64, load_image
+from .tasks import build_prompt
+
+
+TRIM_MIN_CHARS = 2000  # HunyuanOCR 1.5's threshold (1.0 used 8000)
+
+
+@dataclass(frozen=True, slots=True)
+class MediaInput:
+    """One image as it arrived: raw bytes (upload) or a base64 / data-URL string."""
+
+    data: bytes | str
+    param: str = "image"  # where it came from, for error messages
+
+
+@dataclass(frozen=True, slots=True)
+class OcrCall:
+    """Everything one request asks for. Immutable; built by a route or the CLI."""
+
+    media: tuple[MediaInput, ...]
+    task: Task = Task.TEXT
+    fields: tuple[str, ...] = ()
+    target_language: str = "en"
+    question: str | None = None
+    prompt_language: str | None = None
+    # Chat clients send their own prompt text: an engine that follows prompts gets it verbatim.
+    prompt: str | None = None
+    system: str = ""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # /v1/ocr asks for a task explicitly (unsupported -> 400); chat clients get the closest task
+    # the engine can run (text) and are told which one ran.
+    strict_task: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated call: the task that will run, its prompt, and decoded pages."""
+
+    request_id: str
+    task: Task
+    requested_task: Task
+    prompt: str
+    pages: tuple[PageImage, ...]
+    call: OcrCall
+    decode_ms: float
+
+
+class OcrService:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        limits: MediaLimits | None = None,
+        max_images: int = 8,
+        default_max_tokens: int = 4096,
+        prompt_language: str = "zh",
+    ) -> None:
+        self.engine = engine
+        self.limits = limits or MediaLimits()
+        self.max_images = max_images
+        self.default_max_tokens = default_max_tokens
+        self.prompt_language = prompt_language
+
+    @classmethod
+    def from_settings(cls, engine: Engine, settings) -> OcrService:
+        return cls(
+            engine,
+            limits=MediaLimits.from_settings(settings),
+            max_images=settings.max_images_per_request,
+            default_max_tokens=settings.default_max_tokens,
+            prompt_language=settings.prompt_language,
+        )
+
+    @property
+    def model(self) -> str:
+        return self.engine.info.model
+
+    # ----------------------------------------------------------------- preparation
+
+    def resolve_task(self, call: OcrCall) -> tuple[Task, Task]:
+        """(task that will run, task that was asked). Raises UnsupportedTask for strict calls."""
+        requested = call.task
+        if self.engine.supports(requested):
+            return requested, requested
+        if call.strict_task:
+            able = ", ".join(engines_for(requested)) or "none installed"
+            raise UnsupportedTask(
+                f"task {requested.value!r} needs a vision-language engine ({able}); "
+                f"the {self.engine.info.name} engine runs: "
+                + ", ".join(sorted(t.value for t in self.engine.info.tasks)),
+                param="task",
+            )
+        return Task.TEXT, requested
+
+    async def prepare(self, call: OcrCall, *, request_id: str | None = None) -> Prepared:
+        if not call.media:
+            raise InvalidRequest("an image is required", param="image")
+        if len(call.media) > self.max_images:
+            raise InvalidRequest(
+                f"{len(call.media)} images given; at most {self.max_images} per request",
+                param="image",
+            )
+        task, requested = self.resolve_task(call)
+        if call.prompt is not None and self.engine.info.follows_prompts:
+            prompt = call.prompt
+        else:
+            prompt = build_prompt(
+                task,
+                fields=call.fields,
+                target_language=call.target_language,
+                question=call.question,
+                prompt_language=call.prompt_language or self.prompt_language,
+            )
+        started = time.perf_counter()
+        pages = await asyncio.to_thread(self._decode_all, call.media)
+        return Prepared(
+            request_id=request_id or f"ocr-{uuid.uuid4().hex}",
+            task=task,
+            requested_task=requested,
+            prompt=prompt,
+            pages=pages,
+            call=call,
+            decode_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    def _decode_all(self, media: tuple[MediaInput, ...]) -> tuple[PageImage, ...]:
+        pages = []
+        for i, item in enumerate(media):
+            raw = item.data if isinstance(item.data, bytes) else decode_base64(item.data, self.limits, param=item.param)
+            pages.append(load_image(raw, self.limits, index=i, param=item.param))
+        return tuple(pages)
+
+    def _sampling(self, call: OcrCall) -> SamplingParams:
+        if call.sampling.max_tokens is None:
+            return replace(call.sampling, max_tokens=self.default_max_tokens)
+        return call.sampling
+
+    def _engine_request(self, prep: Prepared, images: tuple[PageImage, ...], suffix: str = "") -> EngineRequest:
+        return EngineRequest(
+            request_id=prep.request_id + suffix,
+            task=prep.task,
+            prompt=prep.prompt,
+            images=images,
+            system=prep.call.system,
+            sampling=self._sampling(prep.call),
+        )
+
+    # ----------------------------------------------------------------- streaming (chat)
+
+    async def stream(self, prep: Prepared) -> AsyncIterator[EngineChunk]:
+        """Text deltas for all pages of a chat request, then one final chunk.
+
+        A model engine sees all images in one prompt (it may compare them); an engine that takes
+        one image at a time reads them in order, separated by a blank line.
+        """
+        if len(prep.pages) <= self.engine.info.max_images:
+            groups = [prep.pages]
+        else:
+            groups = [(p,) for p in prep.pages]
+        usage = Usage()
+        finish = FinishReason.STOP
+        for n, group in enumerate(groups):
+            last: EngineChunk | None = None
+            first = True
+            async for chunk in self._guarded(self._engine_request(prep, group, f"-{n}" if n else "")):
+                if chunk.text or chunk.blocks:
+                    text = chunk.text
+                    if first and n:
+                        text = "\n\n" + text
+                    first = False
+                    yield replace(chunk, text=text, finish_reason=None,
+                                  prompt_tokens=usage.prompt_tokens + chunk.prompt_tokens,
+                                  completion_tokens=usage.completion_tokens + chunk.completion_tokens)
+                last = chunk
+            if last is not None:
+                usage = usage + Usage(last.prompt_tokens, last.completion_tokens)
+                finish = last.finish_reason or FinishReason.STOP
+            if finish is not FinishReason.STOP:
+                break
+        yield EngineChunk(
+            finish_reason=finish,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+        )
+
+    async def complete(self, prep: Prepared) -> tuple[str, EngineChunk]:
+        """A prompt run to the end: (text with any looping tail cut, the final chunk)."""
+        parts: list[str] = []
+        final = EngineChunk(finish_reason=FinishReason.STOP)
+        async for chunk in self.stream(prep):
+            parts.append(chunk.text)
+            if chunk.finish_reason is not None:
+                final = chunk
+        text = "".join(parts)
+        if self.engine.info.follows_prompts:
+            text, trimmed = postprocess.trim_repetition(text, min_length=TRIM_MIN_CHARS)
+            if trimmed and final.finish_reason is FinishReason.STOP:
+                final = replace(final, finish_reason=FinishReason.REPETITION)
+        return text, final
+
+    async def _guarded(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """The engine's stream under the loop guard: a repeating tail ends it with ``repetition``.
+
+        Closing this generator (client gone, error) closes the engine's stream, which aborts the
+        engine's work for the request.
+        """
+        guard = postprocess.LoopGuard() if self.engine.info.follows_prompts else None
+        stream = self.engine.generate(request)
+        try:
+            async for chunk in stream:
+                if guard is not None and chunk.text and guard.feed(chunk.text):
+                    yield replace(chunk, finish_reason=None)
+                    yield EngineChunk(
+                        finish_reason=FinishReason.REPETITION,
+                        prompt_tokens=chunk.prompt_tokens,
+                        completion_tokens=chunk.completion_tokens,
+                    )
+                    return
+                yield chunk
+        finally:
+            await stream.aclose()
+            await self.engine.abort(request.request_id)
+
+    # ----------------------------------------------------------------- whole results (/v1/ocr)
+
+    async def run(self, prep: Prepared) -> OcrResult:
+        """Every page through the engine concurrently; results in page order."""
+        started = time.perf_counter()
+        pages = await asyncio.gather(*(self._run_page(prep, page) for page in prep.pages))
+        engine_done = time.perf_counter()
+        results = tuple(r for r, _ in pages)
+        post_ms = sum(ms for _, ms in pages)
+        usage = Usage()
+        for r in results:
+            usage = usage + r.usage
+        return OcrResult(
+            id=prep.request_id,
+            model=self.model,
+            engine=self.engine.info.name,
+            task=prep.task,
+            requested_task=prep.requested_task,
+            pages=results,
+            usage=usage,
+            timings={
+                "decode_ms": round(prep.decode_ms, 2),
+                "engine_ms": round((engine_done - started) * 1000 - post_ms, 2),
+                "postprocess_ms": round(post_ms, 2),
+                "total_ms": round(prep.decode_ms + (engine_done - started) * 1000, 2),
+            },
+        )
+
+    async def _run_page(self, prep: Prepared, page: PageImage) -> tuple[PageResult, float]:
+        request = self._engine_request(prep, (page,), f"-p{page.index}" if len(prep.pages) > 1 else "")
+        parts: list[str] = []
+        blocks: list[TextBlock] = []
+        last = EngineChunk()
+        try:
+            async for chunk in self._guarded(request):
+                parts.append(chunk.text)
+                blocks.extend(chunk.blocks)
+                last = chunk
+        except HyocrError as exc:
+            if len(prep.pages) == 1:
+                raise
+            # One failed page does not fail the document.
+            message = exc.message if exc.public else "the engine failed on this page"
+            return PageResult(page.index, page.width, page.height, "", finish_reason=FinishReason.ERROR, error=message), 0.0
+        t0 = time.perf_counter()
+        result = build_page(
+            prep.task,
+            page,
+            "".join(parts),
+            tuple(blocks),
+            last.finish_reason or FinishReason.STOP,
+            Usage(last.prompt_tokens, last.completion_tokens),
+            prep.call.fields,
+            trim_loops=self.engine.info.follows_prompts,
+        )
+        return result, (time.perf_counter() - t0) * 1000
+
+
+def build_page(
+    task: Task,
+    page: PageImage,
+    raw: str,
+    blocks: tuple[TextBlock, ...],
+    finish: FinishReason,
+    usage: Usage,
+    fields: tuple[str, ...] = (),
+    *,
+    trim_loops: bool = True,
+) -> PageResult:
+    """Raw engine output -> a structured page (pure; the post-processing rules live here).
+
+    ``trim_loops``: generated text may end in a loop; the authors' clean-up only checks long
+    outputs, so short legitimate runs ("-----", "0000000000" in forms) are never cut. Text read by
+    a detector (rapidocr) is never trimmed.
+    """
+    text, trimmed = raw, False
+    if trim_loops:
+        text, trimmed = postprocess.trim_repetition(raw, min_length=TRIM_MIN_CHARS)
+    if trimmed and finish is FinishReason.STOP:
+        finish = FinishReason.REPETITION
+    markdown = values = error = None
+    if task is Task.SPOTTING:
+        if not blocks:
+            blocks = tuple(postprocess.parse_spotting(text, page.width, page.height))
+        text = "\n".join(b.text for b in blocks)
+    elif task is Task.DOCUMENT:
+        markdown = postprocess.markdown_from_document(text)
+        text = markdown
+    elif task is Task.EXTRACT:
+        parsed, error = postprocess.extract_json(text)
+        if error is None:
+            values = postprocess.fields_from_json(parsed, fields)
+        else:
+            error = f"the model's output is not valid JSON: {error}"
+    return PageResult(
+        index=page.index,
+        width=page.width,
+        height=page.height,
+        text=text.strip(),
+        blocks=blocks,
+        finish_reason=finish,
+        markdown=markdown,
+        fields=values,
+        error=error,
+        raw_text=raw,
+        usage=usage,
+    )

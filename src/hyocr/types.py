@@ -1,0 +1,159 @@
+"""Internal values passed along the request path.
+
+Plain slotted dataclasses: pydantic lives only at the wire boundary (``hyocr.api.protocol``).
+Everything here is immutable once built, so one request's options never leak into another's.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from PIL import Image
+
+
+class Task(str, enum.Enum):
+    """What the user wants from a page. Each task has an official HunyuanOCR prompt (pipeline.tasks)."""
+
+    SPOTTING = "spotting"  # text lines with boxes
+    TEXT = "text"  # plain text
+    DOCUMENT = "document"  # document parsing to markdown (tables as HTML, formulas as LaTeX)
+    FORMULA = "formula"
+    TABLE = "table"
+    CHART = "chart"
+    EXTRACT = "extract"  # field extraction to JSON
+    SUBTITLES = "subtitles"
+    TRANSLATE = "translate"
+    VQA = "vqa"  # a free-form question about the image
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # the engine ended the output itself
+    LENGTH = "length"  # max_tokens reached
+    REPETITION = "repetition"  # the loop guard stopped a repeating tail
+    ABORT = "abort"  # cancelled (client gone, deadline)
+    ERROR = "error"  # this page failed; see the page's error
+
+
+@dataclass(frozen=True, slots=True)
+class PageImage:
+    """One decoded, validated page: RGB pixels plus where they came from."""
+
+    image: Image.Image
+    index: int = 0
+    source_format: str = ""  # PNG, JPEG, ...
+    source_bytes: int = 0
+
+    @property
+    def width(self) -> int:
+        return self.image.width
+
+    @property
+    def height(self) -> int:
+        return self.image.height
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Generation options. ``None`` means "engine/task default"."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """What an engine receives: one prompt about one or more already-validated images.
+
+    ``system`` is the system message text (HunyuanOCR wants one, even empty) and ``prompt`` the
+    user text that follows the images.
+    """
+
+    request_id: str
+    task: Task
+    prompt: str
+    images: tuple[PageImage, ...] = ()
+    system: str = ""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True, slots=True)
+class TextBlock:
+    """A piece of recognised text. ``box`` is [x1, y1, x2, y2] in pixels of the original image."""
+
+    text: str
+    box: tuple[float, float, float, float] | None = None
+    score: float | None = None
+    polygon: tuple[tuple[float, float], ...] | None = None  # 4 corners when the engine gives a quad
+
+
+@dataclass(frozen=True, slots=True)
+class EngineChunk:
+    """One step of an engine's output stream.
+
+    ``text`` is the new text since the previous chunk. Engines that detect text directly
+    (rapidocr) also hand over structured ``blocks``; model engines leave it empty and the
+    post-processor parses the text. The last chunk carries ``finish_reason``.
+    Token counts are cumulative for the request.
+    """
+
+    text: str = ""
+    blocks: tuple[TextBlock, ...] = ()
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PageResult:
+    index: int
+    width: int
+    height: int
+    text: str
+    blocks: tuple[TextBlock, ...] = ()
+    finish_reason: FinishReason = FinishReason.STOP
+    markdown: str | None = None  # document parsing
+    fields: dict[str, Any] | None = None  # extraction, parsed JSON
+    error: str | None = None  # a per-page problem (unparseable JSON, failed page)
+    raw_text: str = ""  # what the engine produced, before clean-up
+    usage: Usage = field(default_factory=Usage)
+
+
+@dataclass(frozen=True, slots=True)
+class OcrResult:
+    id: str
+    model: str
+    engine: str
+    task: Task
+    requested_task: Task
+    pages: tuple[PageResult, ...]
+    usage: Usage
+    timings: dict[str, float]  # stage -> milliseconds
+
+    @property
+    def text(self) -> str:
+        return "\n\n".join(p.text for p in self.pages if p.text)
