@@ -30,17 +30,17 @@ GRID = 1000  # HunyuanOCR boxes are normalised to 0..1000 of the image width/hei
 _NUM = r"\d+(?:\.\d+)?"
 # One box: "(x1,y1),(x2,y2)". Anchoring on this pattern (not on "[^()]+") lets the text hold parentheses.
 _PAIR = re.compile(rf"\(\s*({_NUM})\s*,\s*({_NUM})\s*\)\s*,\s*\(\s*({_NUM})\s*,\s*({_NUM})\s*\)")
-_TAGGED = re.compile(r"<ref>(.*?)</ref>\s*(?:<(quad|box)>(.*?)</(?:quad|box)>)?", re.S)
+_TAGGED = re.compile(r"<ref>(.*?)</ref>\s*(?:<(quad|box)>(.*?)</(?:quad|box)>)?", re.DOTALL)
 _STRAY_TAG = re.compile(r"</?(?:ref|quad|box)>")
 _ANY_NUM = re.compile(r"-?\d+(?:\.\d+)?")
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n?(.*?)(?:```|\Z)", re.S)
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n?(.*?)(?:```|\Z)", re.DOTALL)
 
 
 # ---- spotting ------------------------------------------------------------------------------------
 
 
 def _clamp(value: float, low: float, high: float) -> float:
-    return low if value < low else high if value > high else value
+    return low if value < low else min(value, high)
 
 
 def _finite(values: Iterable[Any]) -> list[float] | None:
@@ -80,8 +80,11 @@ def _block_from_numbers(text: str, numbers: Sequence[Any], width: int, height: i
     if len(values) == 4:
         return TextBlock(text=text, box=normalized_box_to_pixels(values, width, height))
     points = [
-        (round(_clamp(x * width / GRID, 0.0, float(width)), 2), round(_clamp(y * height / GRID, 0.0, float(height)), 2))
-        for x, y in zip(values[0::2], values[1::2])
+        (
+            round(_clamp(x * width / GRID, 0.0, float(width)), 2),
+            round(_clamp(y * height / GRID, 0.0, float(height)), 2),
+        )
+        for x, y in zip(values[0::2], values[1::2], strict=True)
     ]
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     return TextBlock(text=text, box=(min(xs), min(ys), max(xs), max(ys)), polygon=tuple(points))
@@ -207,11 +210,13 @@ def _needed_span(unit: int, min_repeats: int, min_span: int) -> int:
     return max(min_repeats * unit, -(-min_span // unit) * unit)
 
 
-def _tail_loop(text: str, min_repeats: int, max_unit: int, min_span: int, *, exact: bool) -> tuple[int, int] | None:
+def _tail_loop(
+    text: str, min_repeats: int, max_unit: int, min_span: int, *, exact: bool
+) -> tuple[int, int] | None:
     """The (unit length, repeating span) of the tail loop, or None.
 
-    With ``exact`` the longest span wins (smallest unit on ties), found by galloping + binary search
-    over the span, so each unit costs O(log n) slice comparisons; multiples of a unit already found are
+    With ``exact`` the longest span wins (smallest unit on ties), found by binary search over the
+    span, so each unit costs O(log n) C-level slice comparisons; multiples of a unit already found are
     skipped when they cannot extend it. Without ``exact`` the first unit that qualifies is returned.
     """
     n = len(text)
@@ -230,17 +235,10 @@ def _tail_loop(text: str, min_repeats: int, max_unit: int, min_span: int, *, exa
             continue
         if not exact:
             return unit, need
-        lo, hi = need, need
-        while hi < n and _periodic(text, n, unit, min(hi * 2, n)):
-            lo = hi = min(hi * 2, n)
-        if hi < n:
-            hi = min(hi * 2, n)  # fails
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if _periodic(text, n, unit, mid):
-                    lo = mid
-                else:
-                    hi = mid
+        lo, hi = need, n + 1  # periodic at lo; hi is past the end (periodicity is monotone in the span)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if _periodic(text, n, unit, mid) else (lo, mid)
         found.append((unit, lo))
         if best is None or lo > best[1]:
             best = (unit, lo)
@@ -266,8 +264,7 @@ def trim_repetition(
     return text[: start + _unit_phase(text, start, unit) + unit], True
 
 
-_BOUNDARY_RANK = {**dict.fromkeys("\n", 3), **dict.fromkeys("。．.!！?？;；", 2)}
-_SOFT_BOUNDARY = frozenset(" \t,，、:：)）]】>」』\"'")
+_SENTENCE_END = frozenset("。．.!！?？;；")
 
 
 def _unit_phase(text: str, start: int, unit: int) -> int:
@@ -275,15 +272,21 @@ def _unit_phase(text: str, start: int, unit: int) -> int:
 
     The periodic span often reaches a few chars before the real loop (the text before a repeated
     sentence also ends in "。"), so cutting at ``start + unit`` would drop the unit's own last char.
-    Prefer a phase right after a line break, then after sentence punctuation, then after a space.
+    Prefer a unit that starts after a line break, then after sentence punctuation (optionally followed
+    by a space); otherwise keep the span's own start.
     """
     best, best_rank = 0, 0
-    for phase in range(unit):
+    for phase in range(unit if unit > 1 else 0):
         at = text[start + phase]
-        if at.isspace() or at in _BOUNDARY_RANK or at in _SOFT_BOUNDARY:
+        if at.isspace() or at in _SENTENCE_END:
             continue
-        before = text[start + phase - 1 + unit]  # same char as the one before, one period later
-        rank = _BOUNDARY_RANK.get(before, 1 if before in _SOFT_BOUNDARY or before.isspace() else 0)
+        before, before2 = text[start + phase - 1 + unit], text[start + phase - 2 + unit]
+        if before == "\n":
+            rank = 3
+        elif before in _SENTENCE_END or (before.isspace() and before2 in _SENTENCE_END):
+            rank = 2
+        else:
+            rank = 0
         if rank > best_rank:
             best, best_rank = phase, rank
     return best
@@ -492,7 +495,7 @@ def extract_json(text: str) -> tuple[Any | None, str | None]:
             if error is None:
                 return value, None
         return None, first_error
-    except Exception as exc:  # noqa: BLE001 - a parser of untrusted text must not take the request down
+    except Exception as exc:  # noqa: BLE001 - a parser of untrusted text must not fail the request
         return None, f"could not parse JSON: {type(exc).__name__}"
 
 

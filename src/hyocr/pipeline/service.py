@@ -227,12 +227,10 @@ class OcrService:
             parts.append(chunk.text)
             if chunk.finish_reason is not None:
                 final = chunk
-        text = "".join(parts)
-        if self.engine.info.follows_prompts:
-            text, trimmed = postprocess.trim_repetition(text, min_length=TRIM_MIN_CHARS)
-            if trimmed and final.finish_reason is FinishReason.STOP:
-                final = replace(final, finish_reason=FinishReason.REPETITION)
-        return text, final
+        text, finish = cut_loops(
+            "".join(parts), final.finish_reason or FinishReason.STOP, self.engine.info.follows_prompts
+        )
+        return text, replace(final, finish_reason=finish)
 
     async def _guarded(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         """The engine's stream under the loop guard: a repeating tail ends it with ``repetition``.
@@ -315,6 +313,21 @@ class OcrService:
         return result, (time.perf_counter() - t0) * 1000
 
 
+def cut_loops(text: str, finish: FinishReason, generated: bool) -> tuple[str, FinishReason]:
+    """Cut a looping tail off generated text, and say so in the finish reason.
+
+    When the loop guard stopped the stream, the tail is cut by the guard's own rule. Otherwise the
+    authors' clean-up applies: only long outputs are checked, so short legitimate runs ("-----",
+    "0000000000" in forms) are never cut. Text read by a detector (rapidocr) is never touched.
+    """
+    if not generated:
+        return text, finish
+    if finish is FinishReason.REPETITION:
+        return postprocess.trim_repetition(text, min_span=postprocess.LoopGuard().min_span)[0], finish
+    cut, trimmed = postprocess.trim_repetition(text, min_length=TRIM_MIN_CHARS)
+    return cut, (FinishReason.REPETITION if trimmed and finish is FinishReason.STOP else finish)
+
+
 def build_page(
     task: Task,
     page: PageImage,
@@ -328,15 +341,9 @@ def build_page(
 ) -> PageResult:
     """Raw engine output -> a structured page (pure; the post-processing rules live here).
 
-    ``trim_loops``: generated text may end in a loop; the authors' clean-up only checks long
-    outputs, so short legitimate runs ("-----", "0000000000" in forms) are never cut. Text read by
-    a detector (rapidocr) is never trimmed.
+    ``trim_loops``: whether the text was generated (and so may loop); see ``cut_loops``.
     """
-    text, trimmed = raw, False
-    if trim_loops:
-        text, trimmed = postprocess.trim_repetition(raw, min_length=TRIM_MIN_CHARS)
-    if trimmed and finish is FinishReason.STOP:
-        finish = FinishReason.REPETITION
+    text, finish = cut_loops(raw, finish, trim_loops)
     markdown = values = error = None
     if task is Task.SPOTTING:
         if not blocks:

@@ -16,8 +16,8 @@ from hyocr.errors import InvalidRequest
 from hyocr.types import Task
 
 __all__ = [
-    "MAX_FIELD_LENGTH",
     "MAX_FIELDS",
+    "MAX_FIELD_LENGTH",
     "PROMPTS",
     "SINGLE_KEY_PROMPTS",
     "TASK_DESCRIPTIONS",
@@ -38,19 +38,21 @@ PROMPTS: Mapping[Task, Mapping[str, str]] = MappingProxyType(
     {
         Task.SPOTTING: {
             "zh": "检测并识别图片中的文字，将文本坐标格式化输出。",
-            "en": "Detect and recognize text in the image, and output the text coordinates in a formatted manner.",
+            "en": "Detect and recognize text in the image, "
+            "and output the text coordinates in a formatted manner.",
         },
         Task.TEXT: {
             "zh": "提取图中的文字。",
             "en": "Extract the text in the image.",
         },
         Task.DOCUMENT: {
-            "zh": "提取文档图片中正文的所有信息用 markdown 格式表示，其中页眉、页脚部分忽略，表格用 html 格式表达，"
+            "zh": "提取文档图片中正文的所有信息用 markdown 格式表示，"
+            "其中页眉、页脚部分忽略，表格用 html 格式表达，"
             "文档中公式用 latex 格式表示，按照阅读顺序组织进行解析。",
-            "en": "Extract all information from the main body of the document image and represent it in markdown "
-            "format, ignoring headers and footers. Tables should be expressed in HTML format, formulas in the "
-            "document should be represented using LaTeX format, and the parsing should be organized according "
-            "to the reading order.",
+            "en": "Extract all information from the main body of the document image and represent it in "
+            "markdown format, ignoring headers and footers. Tables should be expressed in HTML format, "
+            "formulas in the document should be represented using LaTeX format, and the parsing should be "
+            "organized according to the reading order.",
         },
         Task.FORMULA: {
             "zh": "识别图片中的公式，用 LaTeX 格式表示。",
@@ -62,7 +64,8 @@ PROMPTS: Mapping[Task, Mapping[str, str]] = MappingProxyType(
         },
         Task.CHART: {
             "zh": "解析图中的图表，对于流程图使用 Mermaid 格式表示，其他图表使用 Markdown 格式表示。",
-            "en": "Parse the chart in the image; use Mermaid format for flowcharts and Markdown for other charts.",
+            "en": "Parse the chart in the image; "
+            "use Mermaid format for flowcharts and Markdown for other charts.",
         },
         Task.EXTRACT: {
             "zh": "提取图片中的: {fields} 的字段内容，并按照 JSON 格式返回。",
@@ -75,9 +78,9 @@ PROMPTS: Mapping[Task, Mapping[str, str]] = MappingProxyType(
         Task.TRANSLATE: {
             "zh": "先提取文字，再将文字内容翻译为{language}。若是文档，则其中页眉、页脚忽略。"
             "公式用latex格式表示，表格用html格式表示。",
-            "en": "First extract the text, then translate the text content into {language}. If it is a document, "
-            "ignore the header and footer. Formulas should be represented in LaTeX format, and tables should "
-            "be represented in HTML format.",
+            "en": "First extract the text, then translate the text content into {language}. "
+            "If it is a document, ignore the header and footer. Formulas should be represented in LaTeX "
+            "format, and tables should be represented in HTML format.",
         },
         Task.VQA: {"zh": "{question}", "en": "{question}"},
     }
@@ -96,7 +99,7 @@ TRANSLATION_TARGETS: Mapping[str, tuple[str, str]] = MappingProxyType(
 TASK_DESCRIPTIONS: dict[Task, str] = {
     Task.SPOTTING: "Text lines with their bounding boxes.",
     Task.TEXT: "Plain text of the image, in reading order.",
-    Task.DOCUMENT: "Document parsed to Markdown (tables as HTML, formulas as LaTeX), headers and footers dropped.",
+    Task.DOCUMENT: "Document parsed to Markdown (tables as HTML, formulas as LaTeX), no headers/footers.",
     Task.FORMULA: "A formula in LaTeX.",
     Task.TABLE: "A table as HTML.",
     Task.CHART: "A chart as Markdown, or a flowchart as Mermaid.",
@@ -239,25 +242,30 @@ _FIXED: dict[str, tuple[Task, str]] = {
 
 _END = r"\s*[.。．]?"
 _ZH_EXTRACT = re.compile(
-    r"提取图片中的\s*[:：]?\s*\[(?P<fields>.*)\]\s*的字段内容\s*[,，]?\s*并按照\s*JSON\s*格式返回" + _END, re.S | re.I
+    r"提取图片中的\s*[:：]?\s*\[(?P<fields>.*)\]\s*的字段内容\s*[,，]?\s*并按照\s*JSON\s*格式返回" + _END,
+    re.DOTALL | re.IGNORECASE,
 )
 _EN_EXTRACT = re.compile(
     r"Extract\s+the\s+content\s+of\s+the\s+fields\s*[:：]?\s*\[(?P<fields>.*)\]\s*from\s+the\s+image\s+"
     r"and\s+return\s+it\s+in\s+JSON\s+format" + _END,
-    re.S | re.I,
+    re.DOTALL | re.IGNORECASE,
 )
 _ZH_SINGLE = re.compile(r"输出\s*(?P<key>[^\n]+?)\s*的值" + _END)
-_EN_SINGLE = re.compile(r"Output\s+the\s+value\s+of\s+(?P<key>[^\n]+?)" + _END, re.I)
+_EN_SINGLE = re.compile(r"Output\s+the\s+value\s+of\s+(?P<key>[^\n]+?)" + _END, re.IGNORECASE)
 _ZH_TRANSLATE = re.compile(
-    r"先提取文字\s*[,，]\s*再将文字内容翻译为\s*(?P<lang>[^\s。.．,，]{1,20}?)\s*[。.．](?P<rest>.*)", re.S
+    r"先提取文字\s*[,，]\s*再将文字内容翻译为\s*(?P<lang>[^\s。.．,，]{1,20}?)\s*[。.．](?P<rest>.*)",
+    re.DOTALL,
 )
 _EN_TRANSLATE = re.compile(
     r"First\s+extract\s+the\s+text\s*,\s*then\s+translate\s+the\s+text\s+content\s+into\s+"
     r"(?P<lang>[A-Za-z][A-Za-z ()-]{0,40}?)\s*\.(?P<rest>.*)",
-    re.S | re.I,
+    re.DOTALL | re.IGNORECASE,
 )
 # What follows "{language}" and its full stop in the official translation prompt.
-_TRANSLATE_TAIL = {lang: _canon(PROMPTS[Task.TRANSLATE][lang].split("{language}", 1)[1][1:]) for lang in ("zh", "en")}
+_TRANSLATE_TAIL = {
+    lang: _canon(PROMPTS[Task.TRANSLATE][lang].split("{language}", 1)[1][1:]) for lang in ("zh", "en")
+}
+# fmt: off
 _LANGUAGE_WORDS: Mapping[str, str] = MappingProxyType(
     {
         "英文": "en", "英语": "en", "english": "en",
@@ -269,7 +277,8 @@ _LANGUAGE_WORDS: Mapping[str, str] = MappingProxyType(
         "西班牙文": "es", "西班牙语": "es", "spanish": "es",
         "俄文": "ru", "俄语": "ru", "russian": "ru",
     }
-)  # fmt: skip
+)
+# fmt: on
 _QUOTED = re.compile(r"'([^']*)'|\"([^\"]*)\"|“([^”]*)”|‘([^’]*)’")
 _QUOTE_PAIRS = {"'": "'", '"': '"', "“": "”", "‘": "’", "「": "」", "《": "》"}
 

@@ -1,0 +1,171 @@
+"""The OpenAI-compatible routes over real HTTP, driven by the official ``openai`` client and by
+``requests`` with the reference article's request shape, on the real rapidocr engine."""
+
+from __future__ import annotations
+
+import base64
+
+import openai
+import pytest
+import requests
+from imaging import card, overlap, squash
+
+from hyocr.pipeline.postprocess import parse_spotting
+
+SPOTTING_ZH = "检测并识别图片中的文字，将文本坐标格式化输出。"
+
+
+@pytest.fixture(scope="module")
+def client(rapid_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{rapid_server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def card_url():
+    rendered = card()
+    return rendered, "data:image/png;base64," + base64.b64encode(rendered.png()).decode()
+
+
+def _messages(url: str, text: str) -> list[dict]:
+    # The official HunyuanOCR client shape: an empty system message, then image + instruction.
+    return [
+        {"role": "system", "content": ""},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]},
+    ]
+
+
+def test_chat_spotting_prompt_returns_hunyuan_format_with_correct_boxes(client, card_url):
+    rendered, url = card_url
+    r = client.chat.completions.create(
+        model="tencent/HunyuanOCR",
+        messages=_messages(url, SPOTTING_ZH),
+        temperature=0,
+        max_tokens=1024,
+        extra_body={"top_k": 1, "repetition_penalty": 1.0, "seed": 1234},
+    )
+    content = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+    assert r.model_extra["hyocr"]["task"] == "spotting"
+    # Same format as HunyuanOCR's spotting output: parse it the way a client would.
+    width, height = rendered.image.size
+    blocks = parse_spotting(content, width, height)
+    for line, drawn in zip(rendered.lines, rendered.boxes, strict=True):
+        assert any(
+            squash(line.text) in squash(b.text) and overlap(b.box, drawn) > 0.5 for b in blocks
+        ), (line.text, content)
+
+
+def test_chat_free_question_on_cpu_engine_falls_back_to_text(client, card_url):
+    rendered, url = card_url
+    r = client.chat.completions.create(model="anything", messages=_messages(url, "What is the ID number?"))
+    meta = r.model_extra["hyocr"]
+    assert (meta["task"], meta["requested_task"]) == ("text", "vqa")
+    assert "420106198805" in squash(r.choices[0].message.content).replace(" ", "")
+    assert r.model == "rapidocr-pp-ocrv6"
+
+
+def test_chat_streaming_chunk_by_chunk(client, card_url):
+    rendered, url = card_url
+    stream = client.chat.completions.create(
+        model="m", messages=_messages(url, "提取图中的文字。"), stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(contents) >= len(rendered.lines)  # one chunk per recognised line at least
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+    assert chunks[-1].usage is not None and chunks[-1].choices == []
+    text = squash("".join(contents))
+    for line in rendered.lines:
+        assert squash(line.text) in text
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_raw_sse_wire_format(rapid_server, card_url):
+    _, url = card_url
+    with requests.post(
+        f"{rapid_server.url}/v1/chat/completions",
+        json={"messages": _messages(url, "提取图中的文字。"), "stream": True},
+        stream=True,
+        timeout=60,
+    ) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines(decode_unicode=True) if line]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+
+
+def test_article_completions_request_shape(rapid_server):
+    rendered = card()
+    payload = {
+        "model": "tencent/HunyuanOCR",
+        "prompt": "识别身份证上的姓名和号码",
+        "image": base64.b64encode(rendered.png()).decode(),
+        "max_tokens": 512,
+        "temperature": 0,
+    }
+    r = requests.post(f"{rapid_server.url}/v1/completions", json=payload, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion"
+    text = squash(body["choices"][0]["text"])
+    assert "JOHNSMITH" in text and "420106198805" in text
+    assert r.headers["x-hyocr-task"] == "text"
+
+
+def test_completions_with_the_openai_client(client):
+    rendered = card()
+    r = client.completions.create(
+        model="m", prompt="", extra_body={"image": base64.b64encode(rendered.png()).decode()}
+    )
+    assert "IDENTITYCARD" in squash(r.choices[0].text)
+
+
+def test_models_lists_the_served_model(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["rapidocr-pp-ocrv6"]
+    assert models[0].model_extra["hyocr"]["engine"] == "rapidocr"
+
+
+@pytest.mark.parametrize(
+    "change,param",
+    [
+        ({"n": 2}, "n"),
+        ({"temperature": 5}, "temperature"),
+        ({"max_tokens": 10**7}, "max_tokens"),
+        ({"top_p": 0}, "top_p"),
+        ({"chat_template": "{{ evil }}"}, "chat_template"),
+        ({"mm_processor_kwargs": {"max_pixels": 10**9}}, "mm_processor_kwargs"),
+        ({"logprobs": True}, "logprobs"),
+    ],
+)
+def test_chat_parameter_validation(rapid_server, card_url, change, param):
+    _, url = card_url
+    body = {"model": "m", "messages": _messages(url, "提取图中的文字。"), **change}
+    r = requests.post(f"{rapid_server.url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_chat_shape_errors(rapid_server, card_url):
+    _, url = card_url
+    post = lambda body: requests.post(f"{rapid_server.url}/v1/chat/completions", json=body, timeout=30)  # noqa: E731
+    no_image = post({"messages": [{"role": "user", "content": "hello"}]})
+    assert no_image.status_code == 400 and "image is required" in no_image.json()["error"]["message"]
+    multi = post({"messages": [*_messages(url, "hi"), {"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]})
+    assert multi.status_code == 400 and "multi-turn" in multi.json()["error"]["message"]
+    remote = post({"messages": _messages("http://169.254.169.254/latest/meta-data", "hi")})
+    assert remote.status_code == 400 and "data URL" in remote.json()["error"]["message"]
+    bad_part = post({"messages": [{"role": "user", "content": [{"type": "video", "video": "x"}]}]})
+    assert bad_part.status_code == 400
+    bad_b64 = post({"messages": _messages("data:image/png;base64,@@@", "hi")})
+    assert bad_b64.status_code == 400 and bad_b64.json()["error"]["code"] == "invalid_image"
+
+
+def test_openai_client_raises_typed_errors(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "no image"}])
+    assert info.value.status_code == 400
+    assert "image" in info.value.message

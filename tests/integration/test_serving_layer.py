@@ -1,0 +1,160 @@
+"""The serving layer (routes, service, streaming, cancellation, errors) over real HTTP, with the
+scriptable fake engine standing in for a model. Nothing here claims OCR works: see test_ocr_api."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import time
+
+import requests
+from imaging import card
+
+from hyocr.engines.fake import FakeEngine, FakeScript
+
+IMAGE = "data:image/png;base64," + base64.b64encode(card().png()).decode()
+
+
+def _chat(url: str, text: str, **extra) -> requests.Response:
+    body = {
+        "messages": [
+            {"role": "system", "content": ""},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": IMAGE}}, {"type": "text", "text": text}]},
+        ],
+        **extra,
+    }
+    return requests.post(f"{url}/v1/chat/completions", json=body, timeout=30, stream=bool(extra.get("stream")))
+
+
+def _events(r: requests.Response) -> list:
+    out = []
+    for line in r.iter_lines(decode_unicode=True):
+        if line:
+            payload = line.removeprefix("data: ")
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def test_prompt_reaches_engine_verbatim_with_empty_system_message(fake_server_factory):
+    server = fake_server_factory()
+    r = _chat(server.url, "提取文档图片中正文的所有信息用 markdown 格式表示")
+    assert r.status_code == 200, r.text
+    request = server.engine.requests[-1]
+    assert request.system == "" and request.prompt.startswith("提取文档图片中正文")
+    assert len(request.images) == 1 and request.images[0].width == 1024
+    assert request.sampling.max_tokens == 4096  # the server default
+
+
+def test_streaming_order_usage_and_done(fake_server_factory):
+    server = fake_server_factory()
+    r = _chat(server.url, "提取图中的文字。", stream=True, stream_options={"include_usage": True})
+    events = _events(r)
+    assert events[-1] == "[DONE]"
+    deltas = [e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e.get("choices")]
+    assert "".join(deltas) == "fake text output for a 1024x640 image"
+    finals = [e for e in events[:-1] if e.get("choices") and e["choices"][0]["finish_reason"]]
+    assert len(finals) == 1 and finals[0]["hyocr"]["task"] == "text"
+    usage = events[-2]["usage"]
+    assert usage["completion_tokens"] == len([d for d in deltas if d])  # one fake token per chunk
+    assert usage["prompt_tokens"] > 64  # the image is charged
+
+
+def test_document_and_extraction_results_are_structured(fake_server_factory):
+    server = fake_server_factory()
+    url = f"{server.url}/v1/ocr"
+    doc = requests.post(url, json={"image": IMAGE, "task": "document"}, timeout=30).json()
+    assert doc["pages"][0]["markdown"].startswith("# Fake document")
+    ext = requests.post(url, json={"image": IMAGE, "task": "extract", "fields": ["name", "id"]}, timeout=30)
+    assert ext.status_code == 200, ext.text
+    assert ext.json()["pages"][0]["fields"] == {"name": "fake name", "id": "fake id"}
+    prompt = server.engine.requests[-1].prompt
+    assert "['name','id']" in prompt and "JSON" in prompt
+    spot = requests.post(url, json={"image": IMAGE, "task": "spotting"}, timeout=30).json()
+    blocks = spot["pages"][0]["blocks"]
+    # 0-1000 normalised boxes from the model converted to pixels of the 1024x640 image
+    assert blocks[0]["text"] == "HYOCR FAKE" and blocks[0]["box"] == [102.4, 64.0, 512.0, 128.0]
+
+
+def test_max_tokens_stops_with_length(fake_server_factory):
+    server = fake_server_factory()
+    r = _chat(server.url, "提取图中的文字。", max_tokens=3)
+    body = r.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 3
+
+
+def test_loop_guard_stops_a_repeating_stream(fake_server_factory):
+    server = fake_server_factory()
+    r = _chat(server.url, "提取图中的文字。 [[fake:loop]]")
+    body = r.json()
+    assert body["hyocr"]["finish_reason"] == "repetition"
+    content = body["choices"][0]["message"]["content"]
+    assert content.count("repeat this") < 20  # trimmed, not 400 repeats
+    assert body["usage"]["completion_tokens"] < 400  # generation stopped early
+    ocr = requests.post(f"{server.url}/v1/ocr", json={"image": IMAGE, "task": "vqa", "question": "? [[fake:loop]]"}, timeout=30)
+    assert ocr.json()["pages"][0]["finish_reason"] == "repetition"
+
+
+def test_engine_failure_is_a_500_without_internals_and_the_next_request_works(fake_server_factory):
+    server = fake_server_factory()
+    r = _chat(server.url, "[[fake:fail]]")
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["type"] == "engine_error" and "scripted" not in err["message"]
+    assert r.headers["x-request-id"] in err["message"]
+    assert _chat(server.url, "hello").status_code == 200
+
+
+def test_failure_mid_stream_ends_with_an_error_event(fake_server_factory):
+    server = fake_server_factory()
+    events = _events(_chat(server.url, "[[fake:fail_mid]]", stream=True))
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["type"] == "engine_error"
+
+
+def test_client_disconnect_aborts_engine_work(fake_server_factory):
+    engine = FakeEngine(FakeScript(token_delay=0.05))
+    server = fake_server_factory(engine)
+    body = json.dumps({"stream": True, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": IMAGE}}, {"type": "text", "text": "[[fake:loop]] go"}]}]}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        assert b"200 OK" in sock.recv(4096)  # streaming has started
+        time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    while not engine.aborted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(engine.aborted) == 1 and not engine.active
+
+
+def test_per_page_results_in_order_and_one_bad_page_does_not_fail_the_rest(fake_server_factory):
+    server = fake_server_factory()
+    ok = requests.post(f"{server.url}/v1/ocr", json={"images": [IMAGE, IMAGE, IMAGE], "task": "text"}, timeout=30)
+    assert [p["index"] for p in ok.json()["pages"]] == [0, 1, 2]
+    ids = [r.request_id for r in server.engine.requests[-3:]]
+    assert len(set(ids)) == 3  # each page is its own engine request (batched by the engine)
+    too_many = requests.post(f"{server.url}/v1/ocr", json={"images": [IMAGE] * 9}, timeout=30)
+    assert too_many.status_code == 400 and "at most 8" in too_many.json()["error"]["message"]
+
+
+def test_request_id_is_honoured_or_generated(fake_server_factory):
+    server = fake_server_factory()
+    r = requests.get(f"{server.url}/health", headers={"X-Request-ID": "trace-123"}, timeout=5)
+    assert r.headers["x-request-id"] == "trace-123"
+    r = requests.get(f"{server.url}/health", headers={"X-Request-ID": "bad id\twith junk"}, timeout=5)
+    assert r.headers["x-request-id"] != "bad id\twith junk" and len(r.headers["x-request-id"]) == 32
+
+
+def test_health_ready_and_unknown_routes(fake_server_factory):
+    server = fake_server_factory()
+    assert requests.get(f"{server.url}/health", timeout=5).json() == {"status": "ok"}
+    ready = requests.get(f"{server.url}/ready", timeout=5)
+    assert ready.status_code == 200 and ready.json()["engine"] == "fake"
+    missing = requests.get(f"{server.url}/v2/nothing", timeout=5)
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    wrong_method = requests.get(f"{server.url}/v1/ocr", timeout=5)
+    assert wrong_method.status_code == 405 and "error" in wrong_method.json()
