@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -78,12 +79,17 @@ def serve(settings: Settings) -> int:
     from .api.app import build_app
 
     app = build_app(settings)
+    # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the
+    # process's previous handler. A no-op handler there makes a drained stop exit 0, as
+    # supervisors (systemd, Kubernetes) expect of a clean shutdown.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     uvicorn.run(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=settings.drain_timeout,
     )
     return 0
 

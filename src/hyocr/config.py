@@ -23,6 +23,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    drain_timeout: float = Field(30.0, ge=0, le=3600, description="seconds to finish in-flight work on SIGTERM")
 
     # --- engine ---
     engine: str = Field("rapidocr", description="rapidocr | fake | (vllm | transformers | openai)")

@@ -169,3 +169,18 @@ def test_openai_client_raises_typed_errors(client):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "no image"}])
     assert info.value.status_code == 400
     assert "image" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "先提取文字，再将文字内容翻译为日文。",  # a translation target rapidocr cannot build a prompt for
+        "提取图片中的: [] 的字段内容，并按照 JSON 格式返回。",  # an extraction prompt with no fields
+        "输出 姓名 的值。",
+    ],
+)
+def test_prompts_the_cpu_engine_cannot_follow_still_get_the_text(client, card_url, prompt):
+    _, url = card_url
+    r = client.chat.completions.create(model="m", messages=_messages(url, prompt))
+    assert r.model_extra["hyocr"]["task"] == "text"
+    assert "JOHNSMITH" in squash(r.choices[0].message.content)

@@ -8,14 +8,13 @@ from hypothesis import strategies as st
 
 from hyocr.pipeline.postprocess import (
     LoopGuard,
-    extract_json,
-    fields_from_json,
     markdown_from_document,
     normalized_box_to_pixels,
     parse_spotting,
     to_spotting_text,
     trim_repetition,
 )
+from hyocr.pipeline.fields import extract_json, fields_from_json
 from hyocr.types import TextBlock
 
 # ---- spotting ------------------------------------------------------------------------------------
@@ -97,6 +96,16 @@ def test_parse_spotting_without_coordinates_keeps_text() -> None:
 def test_parse_spotting_leading_bracket_is_not_json() -> None:
     blocks = parse_spotting("[1] Introduction(10,10),(500,40)", 1000, 1000)
     assert blocks == [TextBlock("[1] Introduction", (10.0, 10.0, 500.0, 40.0))]
+
+
+@pytest.mark.parametrize(
+    "raw", ["<ref>" * 20_000, "<ref>a</ref><quad>" * 10_000, "(1,2)," * 30_000, "{[" * 30_000]
+)
+def test_parse_spotting_is_fast_on_hostile_output(raw: str) -> None:
+    start = time.perf_counter()
+    blocks = parse_spotting(raw, 100, 100)
+    assert all(b.text.strip() for b in blocks)
+    assert time.perf_counter() - start < 1.5
 
 
 def test_normalized_box_to_pixels() -> None:
@@ -250,6 +259,18 @@ def test_loop_guard_respects_check_after() -> None:
     guard = LoopGuard(check_after=1000, check_every=10)
     assert not _feed_all(guard, "a" * 900, 10)
     assert guard.feed("a" * 200)
+
+
+@settings(max_examples=200)
+@given(st.lists(st.sampled_from(["ab", "的", "。", "\n", "xyz ", "a"]), max_size=300), st.integers(1, 8))
+def test_loop_guard_trimmed_text_is_a_shorter_prefix(parts: list[str], every: int) -> None:
+    guard = LoopGuard(max_unit=20, check_after=0, check_every=every, min_span=30)
+    for part in parts:
+        guard.feed(part)
+    assert guard.text == "".join(parts)
+    trimmed = guard.trimmed_text()
+    assert guard.text.startswith(trimmed)
+    assert (len(trimmed) < len(guard.text)) == guard.triggered
 
 
 # ---- JSON ----------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -55,6 +57,12 @@ def test_every_task_has_both_languages_and_a_description() -> None:
 
 def test_default_prompt_language_is_chinese() -> None:
     assert build_prompt(Task.TEXT) == "提取图中的文字。"
+
+
+def test_build_prompt_accepts_task_names() -> None:
+    assert build_prompt("extract", fields=["a"]) == build_prompt(Task.EXTRACT, fields=["a"])  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest):
+        build_prompt("summarize")  # type: ignore[arg-type]
 
 
 def test_extract_prompt_format() -> None:
@@ -204,6 +212,24 @@ def test_match_single_key() -> None:
 )
 def test_unrecognised_is_vqa(text: str) -> None:
     assert match_prompt(text) == PromptMatch(Task.VQA)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Output the value of a" + " " * 50_000 + "b",
+        "输出a" + " " * 50_000 + "b",
+        "提取图片中的" + " " * 50_000 + "x",
+        "Extract the content of the fields" + " " * 50_000 + "x",
+        "提取图片中的: [a] 的字段内容" + " " * 50_000 + "x",
+        "提取图片中的: [" + "]" * 50_000,
+    ],
+)
+def test_match_prompt_is_fast_on_hostile_input(text: str) -> None:
+    # Prompts are user text: a regex that backtracks quadratically would stall the event loop.
+    start = time.perf_counter()
+    assert match_prompt(text).task is Task.VQA
+    assert time.perf_counter() - start < 0.5
 
 
 @given(st.text(max_size=300))

@@ -66,6 +66,7 @@ def prompt_call(
         media=tuple(media),
         task=match.task,
         fields=match.fields,
+        single_key=match.single_key,
         target_language=match.target_language or "en",
         question=text if match.task is Task.VQA else None,
         prompt_language=match.prompt_language,

@@ -13,6 +13,7 @@ import io
 import re
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image, ImageOps
 
 from ..errors import InvalidMedia, PayloadTooLarge, UnsupportedMediaType
@@ -62,8 +63,10 @@ def decode_base64(data: str, limits: MediaLimits, *, param: str = "image") -> by
         if match is None or not match.group(3):
             raise InvalidMedia("malformed data URL: expected data:<type>;base64,<data>", param=param)
         payload = payload[match.end() :]
-    # Decoded size is 3/4 of the base64 length: check it before allocating anything.
-    if len(payload) * 3 // 4 > limits.max_image_bytes + 3:
+    # Decoded size is exactly 3/4 of the base64 digits (whitespace and padding excluded): check it
+    # before allocating anything (str.count scans without copying).
+    digits = len(payload) - sum(payload.count(c) for c in " \n\r\t=")
+    if digits * 3 // 4 > limits.max_image_bytes:
         raise PayloadTooLarge(
             f"image is larger than the {limits.max_image_bytes} byte limit", param=param
         )
@@ -131,9 +134,7 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     """Any mode -> 8-bit RGB; transparency is flattened onto white (how a page is printed)."""
     image.load()
     if image.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
-        lo, hi = image.getextrema()
-        scale = 255.0 / (hi - lo) if hi > lo else 1.0
-        image = image.point(lambda v: (v - lo) * scale).convert("L")
+        image = _to_8bit(image)
     if image.mode == "P":
         image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
@@ -141,3 +142,25 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         background = Image.new("RGBA", image.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, image).convert("RGB")
     return image.convert("RGB") if image.mode != "RGB" else image
+
+
+def _to_8bit(image: Image.Image) -> Image.Image:
+    """16-bit scans keep their tones (/257); 32-bit int and float images are stretched to 0-255.
+
+    Integer / float32 arithmetic keeps a 40 MP page within a few hundred MB. A 16-bit PNG's tRNS
+    grey becomes an alpha channel, so the caller flattens it onto white.
+    """
+    raw = np.asarray(image)
+    if image.mode.startswith("I;16"):
+        grey8 = ((raw.astype(np.uint32) + 128) // 257).astype(np.uint8)
+    else:
+        values = raw.astype(np.float32)
+        lo, hi = float(values.min()), float(values.max())
+        if hi > lo:
+            values = (values - lo) * (255.0 / (hi - lo))
+        grey8 = np.clip(values + 0.5, 0, 255).astype(np.uint8)
+    grey = Image.fromarray(grey8, "L")
+    transparent = image.info.get("transparency")
+    if isinstance(transparent, int):
+        grey.putalpha(Image.fromarray(np.where(raw == transparent, 0, 255).astype(np.uint8), "L"))
+    return grey

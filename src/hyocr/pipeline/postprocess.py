@@ -6,7 +6,6 @@ the model: malformed output degrades to text, it does not raise.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -14,10 +13,10 @@ from typing import Any
 
 from hyocr.types import TextBlock
 
+from .fields import extract_json
+
 __all__ = [
     "LoopGuard",
-    "extract_json",
-    "fields_from_json",
     "markdown_from_document",
     "normalized_box_to_pixels",
     "parse_spotting",
@@ -25,15 +24,15 @@ __all__ = [
     "trim_repetition",
 ]
 
+LOOP_MIN_SPAN = 200  # chars a repeating tail must cover before the streaming guard stops it
 GRID = 1000  # HunyuanOCR boxes are normalised to 0..1000 of the image width/height
 
 _NUM = r"\d+(?:\.\d+)?"
 # One box: "(x1,y1),(x2,y2)". Anchoring on this pattern (not on "[^()]+") lets the text hold parentheses.
 _PAIR = re.compile(rf"\(\s*({_NUM})\s*,\s*({_NUM})\s*\)\s*,\s*\(\s*({_NUM})\s*,\s*({_NUM})\s*\)")
-_TAGGED = re.compile(r"<ref>(.*?)</ref>\s*(?:<(quad|box)>(.*?)</(?:quad|box)>)?", re.DOTALL)
 _STRAY_TAG = re.compile(r"</?(?:ref|quad|box)>")
+_SPACES = re.compile(r"\s*")
 _ANY_NUM = re.compile(r"-?\d+(?:\.\d+)?")
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n?(.*?)(?:```|\Z)", re.DOTALL)
 
 
 # ---- spotting ------------------------------------------------------------------------------------
@@ -41,6 +40,11 @@ _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n?(.*?)(?:```|\Z)", re.DO
 
 def _clamp(value: float, low: float, high: float) -> float:
     return low if value < low else min(value, high)
+
+
+def _to_px(value: float, size: int) -> float:
+    """One 0..1000 grid coordinate -> pixels, clamped to the image and rounded to 2 decimals."""
+    return round(_clamp(value * size / GRID, 0.0, float(size)), 2)
 
 
 def _finite(values: Iterable[Any]) -> list[float] | None:
@@ -64,8 +68,8 @@ def normalized_box_to_pixels(
     if len(box) != 4:
         raise ValueError(f"a box needs 4 numbers, got {len(box)}")
     x1, y1, x2, y2 = (float(v) for v in box)
-    xs = sorted(round(_clamp(x * width / GRID, 0.0, float(width)), 2) for x in (x1, x2))
-    ys = sorted(round(_clamp(y * height / GRID, 0.0, float(height)), 2) for y in (y1, y2))
+    xs = sorted((_to_px(x1, width), _to_px(x2, width)))
+    ys = sorted((_to_px(y1, height), _to_px(y2, height)))
     return (xs[0], ys[0], xs[1], ys[1])
 
 
@@ -79,13 +83,7 @@ def _block_from_numbers(text: str, numbers: Sequence[Any], width: int, height: i
         return TextBlock(text=text)
     if len(values) == 4:
         return TextBlock(text=text, box=normalized_box_to_pixels(values, width, height))
-    points = [
-        (
-            round(_clamp(x * width / GRID, 0.0, float(width)), 2),
-            round(_clamp(y * height / GRID, 0.0, float(height)), 2),
-        )
-        for x, y in zip(values[0::2], values[1::2], strict=True)
-    ]
+    points = [(_to_px(x, width), _to_px(y, height)) for x, y in zip(values[0::2], values[1::2], strict=True)]
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     return TextBlock(text=text, box=(min(xs), min(ys), max(xs), max(ys)), polygon=tuple(points))
 
@@ -102,31 +100,29 @@ def _parse_plain(text: str, width: int, height: int) -> list[TextBlock]:
         item = text[start : m.start()].strip()
         start = m.end()
         if item:
-            blocks.append(TextBlock(text=item, box=normalized_box_to_pixels(m.groups(), width, height)))
+            blocks.append(
+                TextBlock(
+                    text=item, box=normalized_box_to_pixels([float(g) for g in m.groups()], width, height)
+                )
+            )
     tail = text[start:].strip()
     if tail:
         blocks.append(TextBlock(text=tail))
     return blocks
 
 
-def _spotting_items(value: Any) -> list[Any] | None:
-    """The 1.5 ``spotting_json`` array, or the first array of objects inside a wrapper object."""
+def _parse_json_items(value: Any, width: int, height: int) -> list[TextBlock] | None:
+    """The 1.5 ``spotting_json`` array (or one inside a wrapper object); None when it is not one."""
     if isinstance(value, dict):
         value = next((v for v in value.values() if isinstance(v, list)), None)
-    if not isinstance(value, list) or not value:
+    if not isinstance(value, list) or not any(isinstance(i, dict) and "text" in i for i in value):
         return None
-    if not any(isinstance(i, dict) and ("text" in i or "content" in i) for i in value):
-        return None
-    return value
-
-
-def _parse_json_items(items: list[Any], width: int, height: int) -> list[TextBlock]:
     blocks: list[TextBlock] = []
-    for item in items:
+    for item in value:
         if not isinstance(item, dict):
             continue
-        raw_text = item.get("text", item.get("content"))
-        text = raw_text.strip() if isinstance(raw_text, str) else ""
+        text = item.get("text")
+        text = text.strip() if isinstance(text, str) else ""
         if not text:
             continue
         box = next((item[k] for k in ("box", "bbox", "quad", "polygon", "points") if k in item), None)
@@ -149,26 +145,40 @@ def parse_spotting(text: str, width: int, height: int) -> list[TextBlock]:
         return []
     body = text.strip()
     if body.startswith(("[", "{", "```")):
-        value, _ = extract_json(body)
-        items = _spotting_items(value)
-        if items is not None:
-            return _parse_json_items(items, width, height)
+        blocks = _parse_json_items(extract_json(body)[0], width, height)
+        if blocks is not None:
+            return blocks
         body = markdown_from_document(body)
-    if "<ref>" not in body:
-        return _parse_plain(_STRAY_TAG.sub("\n", body), width, height)
+    return _parse_tagged(body, width, height)
+
+
+def _parse_tagged(body: str, width: int, height: int) -> list[TextBlock]:
+    """``<ref>text</ref><quad|box>coords</quad|box>`` items; text between them goes to the 1.0 parser.
+
+    A plain scan with str.find rather than a lazy regex: unclosed tags in a long output would make
+    the regex quadratic.
+    """
     blocks: list[TextBlock] = []
-    start = 0
-    for m in _TAGGED.finditer(body):
-        blocks.extend(_parse_plain(_STRAY_TAG.sub("\n", body[start : m.start()]), width, height))
-        start = m.end()
-        item = m.group(1).strip()
-        if not item:
-            continue
-        if m.group(2) is None:
-            blocks.append(TextBlock(text=item))
-        else:
-            blocks.append(_block_from_numbers(item, _ANY_NUM.findall(m.group(3)), width, height))
-    blocks.extend(_parse_plain(_STRAY_TAG.sub("\n", body[start:]), width, height))
+    unclosed: set[str] = set()  # closing tags known to be absent from here on
+    pos = 0
+    while (i := body.find("<ref>", pos)) >= 0 and (j := body.find("</ref>", i + 5)) >= 0:
+        blocks.extend(_parse_plain(_STRAY_TAG.sub("\n", body[pos:i]), width, height))
+        item = _STRAY_TAG.sub(" ", body[i + 5 : j]).strip()
+        pos = j + 6
+        k = _SPACES.match(body, pos).end()  # type: ignore[union-attr]  # \s* always matches
+        coords = None
+        for tag in ("quad", "box"):
+            if body.startswith(f"<{tag}>", k) and tag not in unclosed:
+                end = body.find(f"</{tag}>", k)
+                if end < 0:
+                    unclosed.add(tag)
+                    break
+                coords, pos = body[k + len(tag) + 2 : end], end + len(tag) + 3
+                break
+        if item:
+            nums = _ANY_NUM.findall(coords) if coords is not None else None
+            blocks.append(_block_from_numbers(item, nums, width, height) if nums else TextBlock(item))
+    blocks.extend(_parse_plain(_STRAY_TAG.sub("\n", body[pos:]), width, height))
     return blocks
 
 
@@ -309,7 +319,7 @@ class LoopGuard:
         max_unit: int = 200,
         check_after: int = 256,
         check_every: int = 64,
-        min_span: int = 200,
+        min_span: int = LOOP_MIN_SPAN,
     ) -> None:
         self.min_repeats = max(2, min_repeats)
         self.max_unit = max(1, max_unit)
@@ -362,170 +372,6 @@ class LoopGuard:
             self.text, min_repeats=self.min_repeats, max_unit=self.max_unit, min_span=self.min_span
         )
         return trimmed
-
-
-# ---- JSON ----------------------------------------------------------------------------------------
-
-_CLOSERS = {"{": "}", "[": "]"}
-_PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
-_BARE_WORD = re.compile(r"[A-Za-z_\u4e00-\u9fff][\w\u4e00-\u9fff-]*")
-_KEY_COLON = re.compile(r"\s*[:：]")
-_MAX_STARTS = 20  # bracket positions tried as the start of the value
-_MAX_REPAIRS = 3  # of which this many are also tried repaired (the repair pass is pure Python)
-
-
-def _strip_fences(text: str) -> str:
-    m = _FENCE.search(text)
-    return m.group(2) if m else text
-
-
-def _balanced(text: str, start: int) -> str:
-    """The bracketed value starting at ``start``; a truncated one is closed (output hit max_tokens)."""
-    stack: list[str] = []
-    quote: str | None = None
-    i = start
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch in _CLOSERS:
-            stack.append(_CLOSERS[ch])
-        elif ch in "]}":
-            if stack and stack[-1] == ch:
-                stack.pop()
-            if not stack:
-                return text[start : i + 1]
-        i += 1
-    return text[start:] + (quote or "") + "".join(reversed(stack))
-
-
-def _repair(text: str) -> str:
-    """Python-ish / sloppy JSON -> JSON: single-quoted strings, True/False/None, trailing commas,
-    full-width ``：``/``，`` between tokens, bare keys. Strings are copied untouched except re-quoting."""
-    out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch in "\"'":
-            j, buf = i + 1, []
-            while j < n and text[j] != ch:
-                if text[j] == "\\" and j + 1 < n:
-                    nxt = text[j + 1]
-                    buf.append("'" if nxt == "'" else "\\" + nxt)
-                    j += 2
-                    continue
-                buf.append('\\"' if text[j] == '"' else text[j])
-                j += 1
-            out.append('"' + "".join(buf) + '"')
-            i = j + 1
-            continue
-        if ch in "：，":
-            out.append(":" if ch == "：" else ",")
-        elif ch in "]}":
-            while out and out[-1].strip() in ("", ","):
-                if out.pop().strip() == ",":
-                    break
-            out.append(ch)
-        else:
-            m = _BARE_WORD.match(text, i)
-            if m and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] in "._")):
-                word = m.group(0)
-                if word in _PY_LITERALS:
-                    out.append(_PY_LITERALS[word])
-                elif word in ("true", "false", "null"):
-                    out.append(word)
-                elif _KEY_COLON.match(text, m.end()):
-                    out.append(json.dumps(word, ensure_ascii=False))
-                else:
-                    out.append(word)
-                i = m.end()
-                continue
-            out.append(ch)
-        i += 1
-    return "".join(out)
-
-
-def _loads(text: str) -> tuple[Any, str | None]:
-    try:
-        return json.loads(text, strict=False), None
-    except json.JSONDecodeError as exc:
-        return None, f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-    except (RecursionError, ValueError) as exc:
-        return None, f"invalid JSON: {type(exc).__name__}"
-
-
-def extract_json(text: str) -> tuple[Any | None, str | None]:
-    """Lenient JSON out of model output: ``(value, None)`` or ``(None, reason)``; never raises.
-
-    Order: the whole text, then fenced content, then the first bracketed value that parses (as is, then
-    repaired). Extraction output is often fenced, wrapped in prose, Python-quoted or cut off at max_tokens.
-    """
-    if not isinstance(text, str) or not text.strip():
-        return None, "empty output"
-    try:
-        body = text.strip()
-        value, error = _loads(body)
-        if error is None:
-            return value, None
-        body = _strip_fences(body).strip()
-        starts = [i for i, ch in enumerate(body) if ch in "{["][:_MAX_STARTS]
-        if not starts:
-            return None, "no JSON object or array found"
-        first_error: str | None = None
-        candidates: list[str] = []
-        covered = -1  # skip brackets nested inside a complete value that already failed
-        for start in starts:
-            if start < covered:
-                continue
-            candidate = _balanced(body, start)
-            if body.startswith(candidate, start):
-                covered = start + len(candidate)
-            value, error = _loads(candidate)
-            if error is None:
-                return value, None
-            first_error = first_error or error
-            candidates.append(candidate)
-        for candidate in candidates[:_MAX_REPAIRS]:
-            value, error = _loads(_repair(candidate))
-            if error is None:
-                return value, None
-        return None, first_error
-    except Exception as exc:  # noqa: BLE001 - a parser of untrusted text must not fail the request
-        return None, f"could not parse JSON: {type(exc).__name__}"
-
-
-def _norm_key(key: Any) -> str:
-    return re.sub(r"\s+", "", str(key)).casefold()
-
-
-def fields_from_json(value: Any, fields: Sequence[str]) -> dict[str, Any]:
-    """Exactly the requested keys, in order; missing ones are None.
-
-    Keys match exactly first, then ignoring case and whitespace ("Invoice No" for "invoice no").
-    A list of objects is merged, the first non-null value winning. With no fields requested, all keys
-    of the object(s) are returned, since the caller has nothing better to select by.
-    """
-    if isinstance(value, list):
-        merged: dict[str, Any] = {}
-        for item in value:
-            if isinstance(item, dict):
-                for k, v in item.items():
-                    if merged.get(str(k)) is None:
-                        merged[str(k)] = v
-        value = merged
-    if not isinstance(value, dict):
-        return {k: None for k in fields}
-    if not fields:
-        return {str(k): v for k, v in value.items()}
-    loose = {}
-    for k, v in value.items():
-        loose.setdefault(_norm_key(k), v)
-    return {k: value[k] if k in value else loose.get(_norm_key(k)) for k in fields}
 
 
 def markdown_from_document(text: str) -> str:

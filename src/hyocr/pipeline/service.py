@@ -33,6 +33,7 @@ from ..types import (
     TextBlock,
     Usage,
 )
+from . import fields as extraction
 from . import postprocess
 from .media import MediaLimits, decode_base64, load_image
 from .tasks import build_prompt
@@ -56,6 +57,7 @@ class OcrCall:
     media: tuple[MediaInput, ...]
     task: Task = Task.TEXT
     fields: tuple[str, ...] = ()
+    single_key: bool = False  # "输出 Key 的值。": the model answers with the bare value, not JSON
     target_language: str = "en"
     question: str | None = None
     prompt_language: str | None = None
@@ -139,6 +141,8 @@ class OcrService:
         task, requested = self.resolve_task(call)
         if call.prompt is not None and self.engine.info.follows_prompts:
             prompt = call.prompt
+        elif task is not requested:  # the engine reads text whatever was asked
+            prompt = build_prompt(task, prompt_language=call.prompt_language or self.prompt_language)
         else:
             prompt = build_prompt(
                 task,
@@ -309,6 +313,7 @@ class OcrService:
             Usage(last.prompt_tokens, last.completion_tokens),
             prep.call.fields,
             trim_loops=self.engine.info.follows_prompts,
+            single_key=prep.call.single_key,
         )
         return result, (time.perf_counter() - t0) * 1000
 
@@ -323,7 +328,7 @@ def cut_loops(text: str, finish: FinishReason, generated: bool) -> tuple[str, Fi
     if not generated:
         return text, finish
     if finish is FinishReason.REPETITION:
-        return postprocess.trim_repetition(text, min_span=postprocess.LoopGuard().min_span)[0], finish
+        return postprocess.trim_repetition(text, min_span=postprocess.LOOP_MIN_SPAN)[0], finish
     cut, trimmed = postprocess.trim_repetition(text, min_length=TRIM_MIN_CHARS)
     return cut, (FinishReason.REPETITION if trimmed and finish is FinishReason.STOP else finish)
 
@@ -338,6 +343,7 @@ def build_page(
     fields: tuple[str, ...] = (),
     *,
     trim_loops: bool = True,
+    single_key: bool = False,
 ) -> PageResult:
     """Raw engine output -> a structured page (pure; the post-processing rules live here).
 
@@ -352,10 +358,12 @@ def build_page(
     elif task is Task.DOCUMENT:
         markdown = postprocess.markdown_from_document(text)
         text = markdown
+    elif task is Task.EXTRACT and single_key and len(fields) == 1:
+        values = {fields[0]: text.strip()}
     elif task is Task.EXTRACT:
-        parsed, error = postprocess.extract_json(text)
+        parsed, error = extraction.extract_json(text)
         if error is None:
-            values = postprocess.fields_from_json(parsed, fields)
+            values = extraction.fields_from_json(parsed, fields)
         else:
             error = f"the model's output is not valid JSON: {error}"
     return PageResult(

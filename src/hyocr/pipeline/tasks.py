@@ -192,9 +192,10 @@ def build_prompt(
     question: str | None = None,
     prompt_language: str = "zh",
 ) -> str:
-    """The official prompt for ``task``. Chinese is the default because most training prompts were Chinese."""
+    """The official prompt for ``task``, verbatim, in ``prompt_language`` (Chinese unless asked otherwise)."""
+    task = parse_task(task) if not isinstance(task, Task) else task
     lang = _language(prompt_language, "prompt_language")
-    template = PROMPTS[Task(task)][lang]
+    template = PROMPTS[task][lang]
     if task is Task.EXTRACT:
         names = _clean_fields(fields)
         if not names:
@@ -240,18 +241,27 @@ _FIXED: dict[str, tuple[Task, str]] = {
     for lang, prompt in by_lang.items()
 }
 
+# Regexes stay linear on hostile input: no two adjacent optional whitespace runs, no lazy group
+# followed by a whitespace run (a prompt is user text and can be long).
 _END = r"\s*[.。．]?"
+_COLON = r"\s*(?:[:：]\s*)?"
+_COMMA = r"\s*(?:[,，]\s*)?"
 _ZH_EXTRACT = re.compile(
-    r"提取图片中的\s*[:：]?\s*\[(?P<fields>.*)\]\s*的字段内容\s*[,，]?\s*并按照\s*JSON\s*格式返回" + _END,
+    r"提取图片中的"
+    + _COLON
+    + r"\[(?P<fields>.*)\]\s*的字段内容"
+    + _COMMA
+    + r"并按照\s*JSON\s*格式返回"
+    + _END,
     re.DOTALL | re.IGNORECASE,
 )
 _EN_EXTRACT = re.compile(
-    r"Extract\s+the\s+content\s+of\s+the\s+fields\s*[:：]?\s*\[(?P<fields>.*)\]\s*from\s+the\s+image\s+"
+    r"Extract\s+the\s+content\s+of\s+the\s+fields" + _COLON + r"\[(?P<fields>.*)\]\s*from\s+the\s+image\s+"
     r"and\s+return\s+it\s+in\s+JSON\s+format" + _END,
     re.DOTALL | re.IGNORECASE,
 )
-_ZH_SINGLE = re.compile(r"输出\s*(?P<key>[^\n]+?)\s*的值" + _END)
-_EN_SINGLE = re.compile(r"Output\s+the\s+value\s+of\s+(?P<key>[^\n]+?)" + _END, re.IGNORECASE)
+_ZH_SINGLE = re.compile(r"输出(?P<key>[^\n]+)的值" + _END)
+_EN_SINGLE = re.compile(r"Output\s+the\s+value\s+of\s(?P<key>[^\n]+)", re.IGNORECASE)  # key keeps its "."
 _ZH_TRANSLATE = re.compile(
     r"先提取文字\s*[,，]\s*再将文字内容翻译为\s*(?P<lang>[^\s。.．,，]{1,20}?)\s*[。.．](?P<rest>.*)",
     re.DOTALL,
@@ -330,7 +340,7 @@ def match_prompt(text: str) -> PromptMatch:
     for lang, pattern in (("zh", _ZH_SINGLE), ("en", _EN_SINGLE)):
         m = pattern.fullmatch(stripped)
         if m:
-            key = _unquote(m["key"])
+            key = _unquote(m["key"].strip().removesuffix(".").removesuffix("。").removesuffix("．"))
             if key and len(key) <= MAX_FIELD_LENGTH:
                 return PromptMatch(Task.EXTRACT, fields=(key,), prompt_language=lang, single_key=True)
     return PromptMatch(Task.VQA)

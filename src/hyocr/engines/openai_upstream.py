@@ -1,0 +1,257 @@
+"""``--engine openai``: forward to an OpenAI-compatible server (e.g. a fleet of ``vllm serve``).
+
+hyocr keeps the API, validation, prompts and post-processing; the upstream only generates. Requests
+go out with the official HunyuanOCR chat shape and images already sized to the model's pixel bounds.
+
+Resilience: pooled keep-alive connections; connect/read timeouts; bounded retries only where
+nothing was generated yet (connection refused, 429/502/503/504 before the stream starts, honouring a
+short Retry-After); a circuit breaker that fails fast while the upstream is down. Closing the stream
+(client gone) closes the upstream connection, which makes vLLM abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import httpx
+
+from ..config import SettingsError
+from ..errors import EngineError, HyocrError, InvalidRequest, ServiceUnavailable
+from ..types import EngineChunk, EngineRequest, FinishReason
+from .base import Engine, EngineInfo
+from .circuit import CircuitBreaker
+from .hunyuan import PixelBounds, chat_messages, data_url, fit_image, sampling_defaults
+from .registry import ALL_TASKS
+
+if TYPE_CHECKING:
+    from ..config import Settings
+
+log = logging.getLogger(__name__)
+_RETRY_STATUS = {429, 502, 503, 504}
+_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+
+
+def normalize_base_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise SettingsError(f"upstream URL must start with http:// or https://, got {url!r}")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+class OpenAIUpstreamEngine(Engine):
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        served_model_name: str | None = None,
+        timeout: float = 120.0,
+        connect_timeout: float = 5.0,
+        retries: int = 2,
+        max_connections: int = 256,
+        max_images: int = 8,
+        bounds: PixelBounds = PixelBounds(),
+    ) -> None:
+        self.base_url = normalize_base_url(url)
+        self.api_key = api_key
+        self.upstream_model = model
+        self.retries = retries
+        self.bounds = bounds
+        self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._client: httpx.AsyncClient | None = None
+        self.breaker = CircuitBreaker(f"upstream {self.base_url}")
+        self._served_name = served_model_name
+        self._max_images = max_images
+        self._ready_at = 0.0
+        self.info = self._make_info()
+
+    def _make_info(self) -> EngineInfo:
+        return EngineInfo(
+            name="openai",
+            model=self._served_name or self.upstream_model or "upstream",
+            tasks=ALL_TASKS,
+            follows_prompts=True,
+            max_images=self._max_images,
+            details={"upstream": self.base_url, "upstream_model": self.upstream_model or "?"},
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OpenAIUpstreamEngine:
+        if not settings.upstream_url:
+            raise SettingsError("--engine openai needs --upstream URL (HYOCR_UPSTREAM_URL)")
+        return cls(
+            settings.upstream_url,
+            api_key=settings.upstream_key.get_secret_value() if settings.upstream_key else None,
+            model=settings.model,
+            served_model_name=settings.served_model_name,
+            timeout=settings.upstream_timeout,
+            retries=settings.upstream_retries,
+            max_images=settings.max_images_per_request,
+            bounds=PixelBounds(settings.min_pixels, settings.max_pixels),
+        )
+
+    async def start(self) -> None:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, timeout=self._timeout, limits=self._limits
+        )
+        try:
+            await self._discover()
+        except (httpx.HTTPError, ValueError) as exc:
+            # Not fatal: the upstream may come up later; readiness says so until it does.
+            log.warning("upstream %s not reachable at start: %s", self.base_url, type(exc).__name__)
+
+    async def _discover(self) -> None:
+        assert self._client is not None
+        r = await self._client.get("/models", timeout=5.0)
+        r.raise_for_status()
+        ids = [m["id"] for m in r.json().get("data", [])]
+        if self.upstream_model is None and ids:
+            self.upstream_model = ids[0]
+            self.info = self._make_info()
+        self._ready_at = time.monotonic()
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def ready(self) -> bool:
+        """A real probe (GET /models), at most once a second."""
+        if self._client is None or self.breaker.state == "open":
+            return False
+        if time.monotonic() - self._ready_at < 1.0:
+            return True
+        try:
+            await self._discover()
+            return True
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    def _body(self, request: EngineRequest, urls: list[str]) -> dict:
+        s = sampling_defaults(request.sampling)
+        body: dict = {
+            "model": self.upstream_model or "default",
+            "messages": chat_messages(request.system, request.prompt, urls),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+        }
+        for key in ("top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed"):
+            if getattr(s, key) is not None:
+                body[key] = getattr(s, key)
+        if s.stop:
+            body["stop"] = list(s.stop)
+        return body
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        if self._client is None:
+            raise ServiceUnavailable("the upstream engine is not started")
+        self.breaker.before_call()
+        urls = await asyncio.to_thread(
+            lambda: [data_url(fit_image(p, self.bounds)) for p in request.images]
+        )
+        body = self._body(request, urls)
+        for attempt in range(self.retries + 1):
+            try:
+                async with self._client.stream("POST", "/chat/completions", json=body) as resp:
+                    if resp.status_code in _RETRY_STATUS and attempt < self.retries:
+                        await resp.aread()
+                        await asyncio.sleep(_backoff(attempt, resp.headers.get("retry-after")))
+                        continue
+                    if resp.status_code >= 400:
+                        await resp.aread()
+                        raise self._http_error(resp)
+                    async for chunk in self._read_stream(resp):
+                        yield chunk
+                self.breaker.success()
+                return
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if attempt < self.retries:
+                    await asyncio.sleep(_backoff(attempt, None))
+                    continue
+                self.breaker.failure()
+                raise ServiceUnavailable("the upstream server is unreachable", code="upstream_unreachable") from exc
+            except httpx.TimeoutException as exc:
+                self.breaker.failure()
+                raise EngineError(f"upstream timed out: {type(exc).__name__}") from exc
+            except httpx.HTTPError as exc:  # connection lost mid-stream, protocol errors
+                self.breaker.failure()
+                raise EngineError(f"upstream connection failed: {type(exc).__name__}") from exc
+        raise ServiceUnavailable("the upstream server is overloaded", code="upstream_overloaded")
+
+    def _http_error(self, resp: httpx.Response) -> HyocrError:
+        message = _error_message(resp)
+        if resp.status_code in (400, 404, 413, 422):
+            # The upstream refused this input (e.g. prompt longer than its context): the client's problem.
+            self.breaker.success()
+            return InvalidRequest(f"the model server refused the request: {message}"[:400])
+        self.breaker.failure()
+        if resp.status_code in _RETRY_STATUS:
+            return ServiceUnavailable("the upstream server is overloaded", code="upstream_overloaded",
+                                      headers={"Retry-After": "1"})
+        return EngineError(f"upstream answered {resp.status_code}: {message}")
+
+    async def _read_stream(self, resp: httpx.Response) -> AsyncIterator[EngineChunk]:
+        prompt_tokens = completion_tokens = 0
+        finish: FinishReason | None = None
+        done = False
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            event = json.loads(data)
+            if "error" in event:
+                raise EngineError(f"upstream error mid-stream: {_error_message_obj(event)}")
+            usage = event.get("usage")
+            if usage:
+                prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
+                completion_tokens = usage.get("completion_tokens", completion_tokens)
+            for choice in event.get("choices") or ():
+                text = (choice.get("delta") or {}).get("content") or ""
+                if text:
+                    completion_tokens += 1 if not usage else 0
+                    yield EngineChunk(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+                if choice.get("finish_reason"):
+                    finish = _FINISH.get(choice["finish_reason"], FinishReason.STOP)
+        if not done:
+            raise httpx.RemoteProtocolError("stream ended before [DONE]")
+        yield EngineChunk(
+            finish_reason=finish or FinishReason.STOP,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+
+
+def _backoff(attempt: int, retry_after: str | None) -> float:
+    """Exponential backoff (0.2 s, 0.4 s, ...), or the server's Retry-After when it is short."""
+    if retry_after and retry_after.strip().isdigit():
+        return min(float(retry_after), 5.0)
+    return 0.2 * (2**attempt)
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        return _error_message_obj(resp.json())
+    except ValueError:
+        return resp.text[:200]
+
+
+def _error_message_obj(body: object) -> str:
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            return str(err.get("message", ""))[:300]
+        return str(err)[:300]
+    return str(body)[:300]

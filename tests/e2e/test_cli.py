@@ -1,0 +1,95 @@
+"""The CLI as a user runs it: real processes, real files, the real rapidocr engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import requests
+from imaging import card, chinese_card, squash
+
+HYOCR = [sys.executable, "-m", "hyocr"]
+
+
+def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*HYOCR, *args], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, **(env or {})})
+
+
+def test_ocr_command_prints_recognised_text(tmp_path):
+    path = tmp_path / "card.png"
+    card().image.save(path)
+    zh = tmp_path / "zh.jpg"
+    chinese_card().image.save(zh, quality=95)
+    done = _run("ocr", str(path), str(zh), "--task", "text")
+    assert done.returncode == 0, done.stderr
+    out = squash(done.stdout)
+    assert "JOHNSMITH" in out and "张三" in out and f"=={str(path).upper()}==" in out
+
+
+def test_ocr_command_json_output(tmp_path):
+    path = tmp_path / "card.png"
+    rendered = card()
+    rendered.image.save(path)
+    done = _run("ocr", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)
+    assert body["task"] == "spotting" and body["file"] == str(path)
+    assert len(body["pages"][0]["blocks"]) >= len(rendered.lines)
+
+
+def test_ocr_command_errors_are_one_line_and_exit_nonzero(tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not an image")
+    done = _run("ocr", str(bad), str(tmp_path / "missing.png"))
+    assert done.returncode == 1
+    assert "not a recognised image" in done.stderr and "No such file" in done.stderr
+    assert "Traceback" not in done.stderr
+    unsupported = _run("ocr", str(bad), "--task", "document")
+    assert unsupported.returncode == 1 and "vision-language engine" in unsupported.stderr
+
+
+def test_bad_settings_are_reported_clearly():
+    done = _run("serve", "--port", "99999")
+    assert done.returncode == 2
+    assert "port (HYOCR_PORT / --port)" in done.stderr and "Traceback" not in done.stderr
+    env_bad = _run("serve", env={"HYOCR_MAX_IMAGE_BYTES": "lots"})
+    assert env_bad.returncode == 2 and "HYOCR_MAX_IMAGE_BYTES" in env_bad.stderr
+    unknown = _run("serve", "--engine", "nope")
+    assert unknown.returncode == 2 and "unknown engine 'nope'" in unknown.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_process_answers_then_stops_cleanly_on_sigterm():
+    port = _free_port()
+    proc = subprocess.Popen([*HYOCR, "serve", "--port", str(port)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "server never became ready"
+            time.sleep(0.2)
+        r = requests.post(f"http://127.0.0.1:{port}/v1/ocr", files={"file": ("c.png", card().png())}, timeout=60)
+        assert r.status_code == 200 and "JOHNSMITH" in squash(r.json()["text"])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    log = proc.stdout.read()
+    assert code == 0, log
+    assert "engine rapidocr ready" in log
