@@ -20,7 +20,9 @@ TASK_HELP = "spotting | text | document | formula | table | chart | extract | su
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", help="rapidocr (default, CPU, offline) | fake")
+    p.add_argument("--engine", help="rapidocr (default, CPU, offline) | openai (remote upstream) | fake")
+    p.add_argument("--upstream", dest="upstream_url", help="--engine openai: the upstream base URL")
+    p.add_argument("--upstream-key", dest="upstream_key", help="--engine openai: the upstream's API key")
     p.add_argument("--model", help="model id or path (engine default when omitted)")
     p.add_argument("--served-model-name", dest="served_model_name")
     p.add_argument("--engine-workers", dest="engine_workers", type=int,
@@ -50,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    keys = ("host", "port", "engine", "model", "served_model_name", "engine_workers", "log_level")
+    keys = ("host", "port", "engine", "model", "served_model_name", "engine_workers", "log_level",
+            "upstream_url", "upstream_key")
     return load_settings(**{k: getattr(args, k, None) for k in keys})
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ImageFormat = Literal["PNG", "JPEG", "WEBP", "BMP", "TIFF", "GIF", "JPEG2000"]
@@ -26,12 +26,22 @@ class Settings(BaseSettings):
     drain_timeout: float = Field(30.0, ge=0, le=3600, description="seconds to finish in-flight work on SIGTERM")
 
     # --- engine ---
-    engine: str = Field("rapidocr", description="rapidocr | fake | (vllm | transformers | openai)")
+    engine: str = Field("rapidocr", description="rapidocr | openai | fake")
     model: str | None = Field(None, description="model id/path; engine default when unset")
     served_model_name: str | None = Field(None, description="name in /v1/models and responses")
     engine_workers: int = Field(
         0, ge=0, le=64, description="parallel inferences for CPU engines (0 = one per 2 cores)"
     )
+
+    # --- remote upstream (--engine openai) ---
+    upstream_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. http://gpu1:8000/v1")
+    upstream_key: SecretStr | None = Field(None, description="bearer token for the upstream")
+    upstream_timeout: float = Field(300.0, gt=0, le=3600, description="seconds per upstream request")
+    upstream_retries: int = Field(2, ge=0, le=10, description="retries before any output (connect, 429/503)")
+
+    # --- HunyuanOCR image bounds (model engines resize pages into these) ---
+    min_pixels: int = Field(512 * 512, ge=1024)
+    max_pixels: int = Field(2048 * 2048, ge=1024)
 
     # --- generation defaults ---
     default_max_tokens: int = Field(4096, ge=1, le=131072)
@@ -59,6 +69,12 @@ class Settings(BaseSettings):
         if default is not None and v < default:
             raise ValueError(f"must be >= default_max_tokens ({default})")
         return v
+
+    @model_validator(mode="after")
+    def _pixel_bounds(self) -> Settings:
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"min_pixels ({self.min_pixels}) must be <= max_pixels ({self.max_pixels})")
+        return self
 
     @property
     def workers(self) -> int:

@@ -37,6 +37,13 @@ ENGINES: dict[str, EngineSpec] = {
             "embedded CPU OCR (PP-OCR ONNX models shipped in the rapidocr wheel), offline",
         ),
         EngineSpec(
+            "openai",
+            "hyocr.engines.openai_upstream:OpenAIUpstreamEngine",
+            ALL_TASKS,
+            None,
+            "HunyuanOCR on a remote OpenAI-compatible server (e.g. vllm serve), with retries and a breaker",
+        ),
+        EngineSpec(
             "fake",
             "hyocr.engines.fake:FakeEngine",
             ALL_TASKS,
