@@ -33,6 +33,15 @@ class Settings(BaseSettings):
         0, ge=0, le=64, description="parallel inferences for CPU engines (0 = one per 2 cores)"
     )
 
+    # --- HunyuanOCR model engines (vllm, transformers) ---
+    revision: str | None = Field(None, description="hub revision (branch, tag or commit)")
+    subfolder: str | None = Field(None, description="checkpoint folder in the repo: v1.0 for HunyuanOCR 1.0")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    device: str = Field("auto", description="transformers engine: auto | cpu | cuda | cuda:N")
+    trust_remote_code: bool = False
+    max_num_seqs: int = Field(64, ge=1, le=4096, description="sequences generated together (batch size)")
+    batch_wait_ms: float = Field(10.0, ge=0, le=1000, description="transformers: wait to fill a batch")
+
     # --- remote upstream (--engine openai) ---
     upstream_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. http://gpu1:8000/v1")
     upstream_key: SecretStr | None = Field(None, description="bearer token for the upstream")

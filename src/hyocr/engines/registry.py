@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ class EngineSpec:
     tasks: frozenset[Task]
     extra: str | None  # pip extra that installs its dependencies
     summary: str
+    requires: tuple[str, ...] = ()  # modules imported lazily at start; checked up front
 
 
 ENGINES: dict[str, EngineSpec] = {
@@ -35,6 +37,14 @@ ENGINES: dict[str, EngineSpec] = {
             OCR_ONLY_TASKS,
             None,
             "embedded CPU OCR (PP-OCR ONNX models shipped in the rapidocr wheel), offline",
+        ),
+        EngineSpec(
+            "transformers",
+            "hyocr.engines.transformers:TransformersEngine",
+            ALL_TASKS,
+            "hf",
+            "HunyuanOCR with PyTorch generate() and a batching worker (debugging, the baseline)",
+            ("torch", "transformers"),
         ),
         EngineSpec(
             "openai",
@@ -63,10 +73,13 @@ def create_engine(settings: Settings) -> Engine:
     spec = ENGINES.get(settings.engine)
     if spec is None:
         raise SettingsError(f"unknown engine {settings.engine!r}; available: {', '.join(ENGINES)}")
+    hint = f' Install it with: pip install "hyocr[{spec.extra}]"' if spec.extra else ""
+    missing = [m for m in spec.requires if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SettingsError(f"engine {spec.name!r} needs {' and '.join(missing)} (not installed).{hint}")
     module_name, _, attr = spec.target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = f' Install it with: pip install "hyocr[{spec.extra}]"' if spec.extra else ""
         raise SettingsError(f"engine {spec.name!r} needs a missing package ({exc.name}).{hint}") from exc
     return getattr(module, attr).from_settings(settings)
