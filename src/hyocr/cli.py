@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import sys
+import typing
 from pathlib import Path
 
 from . import __version__
@@ -19,15 +20,34 @@ from .config import Settings, SettingsError, load_settings
 TASK_HELP = "spotting | text | document | formula | table | chart | extract | subtitles | translate | vqa"
 
 
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", help="rapidocr (default, CPU, offline) | openai (remote upstream) | fake")
-    p.add_argument("--upstream", dest="upstream_url", help="--engine openai: the upstream base URL")
-    p.add_argument("--upstream-key", dest="upstream_key", help="--engine openai: the upstream's API key")
-    p.add_argument("--model", help="model id or path (engine default when omitted)")
-    p.add_argument("--served-model-name", dest="served_model_name")
-    p.add_argument("--engine-workers", dest="engine_workers", type=int,
-                   help="parallel CPU inferences (0 = one per 2 cores)")
-    p.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"])
+def _settings_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    """One flag per setting (``--max-image-bytes`` for HYOCR_MAX_IMAGE_BYTES), generated from the
+    Settings model so the CLI, the environment and the README table cannot drift apart."""
+    group = p.add_argument_group("settings (each also HYOCR_<NAME> in the environment)")
+    for name, field in Settings.model_fields.items():
+        if name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        kind, choices = _flag_type(field.annotation)
+        default = field.default if field.default is not None else "unset"
+        help_text = f"{field.description or ''} [default: {default}]".strip()
+        if kind is bool:
+            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            group.add_argument(flag, dest=name, type=kind, choices=choices, default=None, help=help_text)
+
+
+def _flag_type(annotation: object) -> tuple[type, list | None]:
+    if typing.get_origin(annotation) is typing.Literal:
+        return str, list(typing.get_args(annotation))
+    if typing.get_origin(annotation) is tuple:
+        return str, None  # comma-separated; Settings splits and validates
+    options = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if options:  # X | None
+        return _flag_type(options[0])
+    if annotation in (bool, int, float):
+        return annotation, None  # type: ignore[return-value]
+    return str, None  # str, SecretStr: validated by Settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,9 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve the HTTP API (OpenAI-compatible and /v1/ocr)")
-    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8000)")
-    _engine_args(serve)
+    _settings_flags(serve)
 
     ocr = sub.add_parser("ocr", help="recognise text in image files, in-process (no server)")
     ocr.add_argument("files", nargs="+", type=Path, metavar="FILE")
@@ -47,14 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     ocr.add_argument("--language", default="en", help="translation target for --task translate: en | zh")
     ocr.add_argument("--question", help="the question for --task vqa")
     ocr.add_argument("--json", action="store_true", help="print the full JSON result")
-    _engine_args(ocr)
+    _settings_flags(ocr, skip=("host", "port", "drain_timeout"))
     return parser
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    keys = ("host", "port", "engine", "model", "served_model_name", "engine_workers", "log_level",
-            "upstream_url", "upstream_key")
-    return load_settings(**{k: getattr(args, k, None) for k in keys})
+    return load_settings(**{k: getattr(args, k, None) for k in Settings.model_fields})
 
 
 def _setup_logging(level: str) -> None:

@@ -42,6 +42,16 @@ class Settings(BaseSettings):
     max_num_seqs: int = Field(64, ge=1, le=4096, description="sequences generated together (batch size)")
     batch_wait_ms: float = Field(10.0, ge=0, le=1000, description="transformers: wait to fill a batch")
 
+    # --- vLLM engine ---
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM: fraction of GPU memory")
+    kv_cache_memory_bytes: int | None = Field(None, ge=1, description="vLLM: KV cache size (overrides the fraction)")
+    max_model_len: int | None = Field(None, ge=256, description="vLLM: context length")
+    max_num_batched_tokens: int | None = Field(None, ge=256, description="vLLM: tokens per scheduler step")
+    enforce_eager: bool = Field(False, description="vLLM: no CUDA graphs (faster start, slower decode)")
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    quantization: str | None = Field(None, description="vLLM: awq, gptq, fp8, ...")
+    swap_space: float | None = Field(None, ge=0, description="vLLM: CPU swap GiB (older vLLM only)")
+
     # --- remote upstream (--engine openai) ---
     upstream_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. http://gpu1:8000/v1")
     upstream_key: SecretStr | None = Field(None, description="bearer token for the upstream")

