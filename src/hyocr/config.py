@@ -66,6 +66,7 @@ class Settings(BaseSettings):
     default_max_tokens: int = Field(4096, ge=1, le=131072)
     max_tokens_limit: int = Field(16384, ge=1, le=131072)
     prompt_language: Literal["zh", "en"] = "zh"
+    loop_guard: bool = Field(True, description="stop generation when the output starts repeating")
 
     # --- media limits (enforced before decoding) ---
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)

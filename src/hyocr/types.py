@@ -67,6 +67,7 @@ class SamplingParams:
     frequency_penalty: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    loop_guard: bool | None = None  # None: the server's setting
 
 
 @dataclass(frozen=True, slots=True)

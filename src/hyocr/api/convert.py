@@ -33,6 +33,7 @@ def sampling_from(req: SamplingFields, settings: Settings) -> SamplingParams:
         frequency_penalty=req.frequency_penalty,
         seed=req.seed,
         stop=stop,
+        loop_guard=req.loop_guard,
     )
 
 

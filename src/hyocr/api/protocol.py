@@ -50,6 +50,7 @@ class SamplingFields(WireModel):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    loop_guard: bool | None = Field(None, description="hyocr: stop when the output repeats (server default)")
 
     @field_validator("stop")
     @classmethod

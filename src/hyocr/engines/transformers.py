@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import SettingsError
-from ..errors import EngineError, ServiceUnavailable
+from ..errors import EngineError, InvalidRequest, ServiceUnavailable
 from ..types import EngineChunk, EngineRequest, FinishReason, SamplingParams
 from .base import Engine, EngineInfo
 from .hunyuan import PixelBounds, fit_image, sampling_defaults
@@ -85,6 +85,7 @@ class TransformersEngine(Engine):
         device: str = "auto",
         trust_remote_code: bool = False,
         max_batch_size: int = 32,
+        max_model_len: int | None = None,
         batch_wait_ms: float = 10.0,
         served_model_name: str | None = None,
         max_images: int = 8,
@@ -97,6 +98,7 @@ class TransformersEngine(Engine):
         self.device_name = device
         self.trust_remote_code = trust_remote_code
         self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len
         self.batch_wait = batch_wait_ms / 1000
         self.bounds = bounds
         self.info = EngineInfo(
@@ -110,7 +112,7 @@ class TransformersEngine(Engine):
         self._jobs: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._loaded = False
-        self._dead: str | None = None
+        self.cancelled_rows = 0  # rows dropped mid-generation because their client went away
         self.model: Any = None
         self.processor: Any = None
 
@@ -126,6 +128,7 @@ class TransformersEngine(Engine):
             device=settings.device,
             trust_remote_code=settings.trust_remote_code,
             max_batch_size=settings.max_num_seqs,
+            max_model_len=settings.max_model_len,
             batch_wait_ms=settings.batch_wait_ms,
             served_model_name=settings.served_model_name,
             max_images=settings.max_images_per_request,
@@ -167,6 +170,8 @@ class TransformersEngine(Engine):
         eos = config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.pad_id = self.processor.tokenizer.pad_token_id
+        text_config = getattr(self.model.config, "text_config", self.model.config)
+        self.max_model_len = self.max_model_len or getattr(text_config, "max_position_embeddings", None)
         self._loaded = True
 
     async def stop(self) -> None:
@@ -177,13 +182,13 @@ class TransformersEngine(Engine):
         self._loaded = False
 
     async def ready(self) -> bool:
-        return self._loaded and self._dead is None and self._thread is not None and self._thread.is_alive()
+        return self._loaded and self._thread is not None and self._thread.is_alive()
 
     # ------------------------------------------------------------------ requests
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         if not await self.ready():
-            raise ServiceUnavailable(f"the transformers engine is not running{': ' + self._dead if self._dead else ''}")
+            raise ServiceUnavailable("the transformers engine is not running", code="engine_dead")
         job = _Job(request, asyncio.get_running_loop(), asyncio.Queue())
         self._jobs.put(job)
         finished = False
@@ -232,10 +237,7 @@ class TransformersEngine(Engine):
                 for j in batch:
                     j.emit(error)
 
-    def _run_batch(self, batch: list[_Job]) -> None:
-        import torch
-        from transformers import StoppingCriteriaList
-
+    def _encode(self, batch: list[_Job]) -> Any:
         texts, images = [], []
         for job in batch:
             req = job.request
@@ -244,9 +246,27 @@ class TransformersEngine(Engine):
             messages = [{"role": "system", "content": req.system}, {"role": "user", "content": content}]
             texts.append(self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
             images += [fit_image(p, self.bounds) for p in req.images]
-        inputs = self.processor(text=texts, images=images or None, padding=True, return_tensors="pt")
-        inputs = inputs.to(self.device)
+        return self.processor(text=texts, images=images or None, padding=True, return_tensors="pt")
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        import torch
+        from transformers import StoppingCriteriaList
+
+        inputs = self._encode(batch)
         prompt_tokens = inputs["attention_mask"].sum(dim=1).tolist()
+        if self.max_model_len and max(prompt_tokens) > self.max_model_len:
+            fits = [j for j, n in zip(batch, prompt_tokens, strict=True) if n <= self.max_model_len]
+            for job, n in zip(batch, prompt_tokens, strict=True):
+                if n > self.max_model_len:
+                    job.emit(InvalidRequest(
+                        f"the prompt is {n} tokens; this model's context is {self.max_model_len}", param="messages"
+                    ))
+            if not fits:
+                return
+            batch = fits
+            inputs = self._encode(batch)
+            prompt_tokens = inputs["attention_mask"].sum(dim=1).tolist()
+        inputs = inputs.to(self.device)
         s = batch[0].sampling
         rows = _Rows(batch, self.processor.tokenizer, self.eos_ids, [int(n) for n in prompt_tokens])
         gen: dict[str, Any] = {
@@ -266,6 +286,7 @@ class TransformersEngine(Engine):
         with torch.inference_mode():
             self.model.generate(**inputs, **gen)
         rows.finish_all()
+        self.cancelled_rows += rows.cancelled
 
 
 class _Rows:
@@ -280,6 +301,7 @@ class _Rows:
         self.eos_ids = eos_ids
         self.prompt_tokens = prompt_tokens
         self.counts = [0] * len(jobs)
+        self.cancelled = 0
         self.done = [False] * len(jobs)
         self._torch = torch
 
@@ -290,6 +312,7 @@ class _Rows:
                 continue
             if job.cancelled.is_set():
                 self.done[i] = True
+                self.cancelled += 1
                 continue
             token = last[i]
             if token in self.eos_ids:
@@ -325,13 +348,15 @@ def load_processor(model: str, **kwargs: Any) -> Any:
     try:
         return AutoProcessor.from_pretrained(model, **kwargs)
     except (ImportError, ValueError) as exc:
-        if "torchvision" not in str(exc).lower():
+        # Also when the checkpoint ships custom image-processor code and remote code is not
+        # trusted: the official classes below execute nothing from the checkpoint.
+        if "torchvision" not in str(exc).lower() and "trust_remote_code" not in str(exc):
             raise
         from transformers import AutoTokenizer
         from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import HunYuanVLImageProcessorPil
         from transformers.models.hunyuan_vl.processing_hunyuan_vl import HunYuanVLProcessor
 
-        log.info("torchvision is not installed: using HunyuanOCR's PIL image processor")
+        log.info("using HunyuanOCR's PIL image processor (%s)", type(exc).__name__)
         kwargs.pop("trust_remote_code", None)
         image_processor = HunYuanVLImageProcessorPil.from_pretrained(model, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(model, **kwargs)

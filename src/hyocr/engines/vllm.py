@@ -35,6 +35,15 @@ IMAGE_END = "<｜hy_place▁holder▁no▁101｜>"
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """Errors vLLM raises for a bad request: ValueError up to ~0.30, VLLMClientError after."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return (ValueError,)
+    return (ValueError, VLLMClientError)
+
+
 def hunyuan_backend() -> str:
     """'transformers' when the installed vLLM serves HunYuanVL through its Transformers backend."""
     from vllm.model_executor.models import registry
@@ -160,19 +169,23 @@ class VllmEngine(Engine):
         except EngineDeadError as exc:
             self._started = False
             raise ServiceUnavailable("the vLLM engine died", code="engine_dead") from exc
-        except ValueError as exc:  # vLLM's input validation (prompt too long for max_model_len, ...)
+        except _client_errors() as exc:  # vLLM's input validation (prompt longer than the context, ...)
             raise InvalidRequest(f"the model refused the request: {exc}"[:400]) from exc
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
             raise EngineError(f"vLLM generation failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            if not finished and self.engine is not None:
-                await self.engine.abort(request.request_id)
+            if not finished:
+                await self.abort(request.request_id)
 
     async def abort(self, request_id: str) -> None:
-        if self.engine is not None:
+        if self.engine is not None and not self.engine.errored:
             await self.engine.abort(request_id)
+
+    def unfinished_requests(self) -> int:
+        """Requests vLLM is still tracking (0 once every abandoned stream has been aborted)."""
+        return self.engine.output_processor.get_num_unfinished_requests() if self.engine else 0
 
 
 def vllm_engine_args(settings: Settings) -> dict[str, Any]:

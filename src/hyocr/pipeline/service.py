@@ -92,12 +92,14 @@ class OcrService:
         max_images: int = 8,
         default_max_tokens: int = 4096,
         prompt_language: str = "zh",
+        loop_guard: bool = True,
     ) -> None:
         self.engine = engine
         self.limits = limits or MediaLimits()
         self.max_images = max_images
         self.default_max_tokens = default_max_tokens
         self.prompt_language = prompt_language
+        self.loop_guard = loop_guard
 
     @classmethod
     def from_settings(cls, engine: Engine, settings) -> OcrService:
@@ -107,6 +109,7 @@ class OcrService:
             max_images=settings.max_images_per_request,
             default_max_tokens=settings.default_max_tokens,
             prompt_language=settings.prompt_language,
+            loop_guard=settings.loop_guard,
         )
 
     @property
@@ -242,7 +245,8 @@ class OcrService:
         Closing this generator (client gone, error) closes the engine's stream, which aborts the
         engine's work for the request.
         """
-        guard = postprocess.LoopGuard() if self.engine.info.follows_prompts else None
+        wanted = self.loop_guard if request.sampling.loop_guard is None else request.sampling.loop_guard
+        guard = postprocess.LoopGuard() if wanted and self.engine.info.follows_prompts else None
         stream = self.engine.generate(request)
         try:
             async for chunk in stream:

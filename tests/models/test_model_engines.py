@@ -1,0 +1,144 @@
+"""The transformers and vLLM engines serving a real (tiny, random-weight) HunyuanOCR checkpoint
+through the HTTP API. With random weights the text is noise, so the assertions are on what is
+deterministic: prompt token counts, usage, streaming order, finish reasons, aborts, errors, and
+that the two engines agree token for token under greedy decoding."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import openai
+import pytest
+import requests
+from imaging import card, render, Line
+
+from hyocr.engines.hunyuan import visual_tokens
+
+CARD = card()
+CARD_URL = "data:image/png;base64," + base64.b64encode(CARD.png()).decode()
+TEXT_PROMPT = "提取图中的文字。"
+
+
+def _messages(text: str = TEXT_PROMPT, url: str = CARD_URL) -> list[dict]:
+    return [
+        {"role": "system", "content": ""},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]},
+    ]
+
+
+def _client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def _text_tokens(tiny_checkpoint, text: str) -> int:
+    """Prompt tokens other than the image's, from the checkpoint's own tokenizer and template."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    content = [{"type": "image"}, {"type": "text", "text": text}]
+    rendered = tok.apply_chat_template(
+        [{"role": "system", "content": ""}, {"role": "user", "content": content}], tokenize=False,
+        add_generation_prompt=True,
+    )
+    ids = tok(rendered, add_special_tokens=False)["input_ids"]
+    # The placeholder expands to visual_tokens() tokens (rows + the adapter's begin/end); the image
+    # start/end wrapper tokens around it stay as they are.
+    return len(ids) - 1
+
+
+def test_chat_usage_counts_the_image_tokens_of_the_real_processor(model_server, tiny_checkpoint):
+    r = _client(model_server).chat.completions.create(model="x", messages=_messages(), max_tokens=6)
+    width, height = CARD.image.size
+    expected = visual_tokens(height, width) + _text_tokens(tiny_checkpoint, TEXT_PROMPT)
+    assert r.usage.prompt_tokens == expected
+    assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
+    assert r.model == "hunyuanocr-tiny"
+    assert r.model_extra["hyocr"]["task"] == "text"
+
+
+def test_greedy_output_is_identical_across_engines(hf_server, vllm_server):
+    outputs = []
+    for server in (hf_server, vllm_server):
+        r = _client(server).chat.completions.create(model="x", messages=_messages(), max_tokens=12, temperature=0)
+        outputs.append(r.choices[0].message.content)
+    assert outputs[0] and outputs[0] == outputs[1]
+
+
+def test_streaming_order_and_finish(model_server):
+    stream = _client(model_server).chat.completions.create(
+        model="x", messages=_messages(), max_tokens=10, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].usage.completion_tokens == 10
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(text) > 0
+
+
+def test_loop_guard_stops_a_degenerate_generation(model_server):
+    # Random weights loop on one token: the guard must stop it long before max_tokens.
+    r = _client(model_server).chat.completions.create(model="x", messages=_messages(), max_tokens=1000)
+    assert r.model_extra["hyocr"]["finish_reason"] == "repetition"
+    assert r.usage.completion_tokens < 300
+    assert len(r.choices[0].message.content) < 200  # the repeated tail is cut to one unit
+
+
+def test_ocr_api_pages_in_order_with_summed_usage(model_server):
+    small = render([Line("PAGE TWO", (20, 20))], size=(400, 300))
+    body = {"images": [CARD_URL, base64.b64encode(small.png()).decode()], "task": "spotting", "max_tokens": 5}
+    r = requests.post(f"{model_server.url}/v1/ocr", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert [p["index"] for p in data["pages"]] == [0, 1]
+    assert [(p["width"], p["height"]) for p in data["pages"]] == [(1024, 640), (400, 300)]
+    assert all(p["finish_reason"] == "length" for p in data["pages"])
+    assert data["usage"]["completion_tokens"] == 10
+    # the small page was scaled up to the model's 512x512 minimum: fewer tokens than the card
+    assert data["usage"]["prompt_tokens"] > 2 * visual_tokens(300, 400)
+
+
+def test_extraction_prompt_reaches_the_model_and_non_json_is_reported(model_server):
+    body = {"image": CARD_URL, "task": "extract", "fields": ["name", "id"], "max_tokens": 8}
+    r = requests.post(f"{model_server.url}/v1/ocr", json=body, timeout=120)
+    page = r.json()["pages"][0]
+    assert page["fields"] is None and "not valid JSON" in page["error"]
+
+
+def test_prompt_longer_than_the_context_is_a_400(model_server):
+    huge = "x" * 20000  # byte-level tokens: far past max_model_len 8192
+    r = requests.post(f"{model_server.url}/v1/chat/completions",
+                      json={"messages": _messages(huge), "max_tokens": 4}, timeout=120)
+    assert r.status_code in (400, 413), r.text
+    assert "error" in r.json()
+
+
+def test_disconnect_aborts_the_generation(model_server):
+    # loop_guard off: random weights repeat, and the guard would end the stream by itself
+    body = json.dumps({"messages": _messages(), "max_tokens": 4000, "stream": True, "loop_guard": False}).encode()
+    engine = model_server.engine
+    before = getattr(engine, "cancelled_rows", 0)
+    with requests.post(f"{model_server.url}/v1/chat/completions", data=body, stream=True, timeout=120,
+                       headers={"content-type": "application/json"}) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # generation has started
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if engine.info.name == "vllm":
+            if engine.unfinished_requests() == 0:
+                break
+        elif engine.cancelled_rows > before:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the engine kept generating for a client that left")
+
+
+def test_models_endpoint_reports_engine_and_checkpoint(model_server, tiny_checkpoint):
+    data = _client(model_server).models.list().data[0]
+    assert data.id == "hunyuanocr-tiny"
+    assert data.model_extra["hyocr"]["engine"] in ("transformers", "vllm")
+    assert data.model_extra["hyocr"]["path"] == str(tiny_checkpoint)
