@@ -66,6 +66,22 @@ def build_parser() -> argparse.ArgumentParser:
     ocr.add_argument("--question", help="the question for --task vqa")
     ocr.add_argument("--json", action="store_true", help="print the full JSON result")
     _settings_flags(ocr, skip=("host", "port", "drain_timeout"))
+
+    bench = sub.add_parser("bench", help="load-test a running server (OpenAI chat API) and report")
+    bench.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    bench.add_argument("--workload", choices=["card", "page"], default="card",
+                       help="card: 1024x640; page: 1600x1200 (seeded synthetic text images)")
+    bench.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
+    bench.add_argument("--requests", type=int, help="requests per level (default max(32, 2 x concurrency))")
+    bench.add_argument("--max-tokens", dest="max_tokens", type=int, default=150)
+    bench.add_argument("--fixed-output", dest="fixed_output", action="store_true",
+                       help="ignore end-of-sequence: exactly --max-tokens per request (engine comparisons)")
+    bench.add_argument("--prompt", help="instruction sent with each image (default: the text task prompt)")
+    bench.add_argument("--warmup", type=int, default=4, help="requests sent before measuring")
+    bench.add_argument("--seed", type=int, default=1234)
+    bench.add_argument("--label", help="name of this run in reports")
+    bench.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    bench.add_argument("--output", help="write the JSON result here")
     return parser
 
 
@@ -81,6 +97,10 @@ def _setup_logging(level: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        from .bench.run import main as bench_main
+
+        return bench_main(args)
     try:
         settings = _settings(args)
         _setup_logging(settings.log_level if args.command == "serve" else "warning")

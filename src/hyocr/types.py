@@ -68,6 +68,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     loop_guard: bool | None = None  # None: the server's setting
+    ignore_eos: bool = False  # benchmarks: exactly max_tokens per request
+    min_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,8 @@ def sampling_from(req: SamplingFields, settings: Settings) -> SamplingParams:
         seed=req.seed,
         stop=stop,
         loop_guard=req.loop_guard,
+        ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
     )
 
 

@@ -51,6 +51,8 @@ class SamplingFields(WireModel):
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1, description="only 1 is supported")
     loop_guard: bool | None = Field(None, description="hyocr: stop when the output repeats (server default)")
+    ignore_eos: bool = Field(False, description="vLLM extension: generate max_tokens whatever the model says")
+    min_tokens: int | None = Field(None, ge=0, description="vLLM extension: no end of sequence before this")
 
     @field_validator("stop")
     @classmethod

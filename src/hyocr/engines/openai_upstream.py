@@ -145,11 +145,14 @@ class OpenAIUpstreamEngine(Engine):
             "max_tokens": s.max_tokens,
             "temperature": s.temperature,
         }
-        for key in ("top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed"):
+        for key in ("top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
+                    "min_tokens"):
             if getattr(s, key) is not None:
                 body[key] = getattr(s, key)
         if s.stop:
             body["stop"] = list(s.stop)
+        if s.ignore_eos:
+            body["ignore_eos"] = True
         return body
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:

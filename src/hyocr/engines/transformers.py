@@ -47,7 +47,7 @@ class _Job:
     def batch_key(self) -> tuple:
         """Requests share a batch only when one GenerationConfig serves them all."""
         s = self.sampling
-        return (s.temperature or 0.0, s.top_p, s.top_k, s.repetition_penalty, s.seed)
+        return (s.temperature or 0.0, s.top_p, s.top_k, s.repetition_penalty, s.seed, s.ignore_eos, s.min_tokens)
 
     def emit(self, item: object) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, item)
@@ -283,6 +283,9 @@ class TransformersEngine(Engine):
             gen.update(temperature=None, top_p=None, top_k=None)
         if s.repetition_penalty:
             gen["repetition_penalty"] = s.repetition_penalty
+        if s.ignore_eos or s.min_tokens:
+            # EOS is suppressed until min_new_tokens; each row still stops at its own max_tokens.
+            gen["min_new_tokens"] = gen["max_new_tokens"] if s.ignore_eos else s.min_tokens
         with torch.inference_mode():
             self.model.generate(**inputs, **gen)
         rows.finish_all()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -92,6 +93,7 @@ class VllmEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         started = time.perf_counter()
+        apply_version_workarounds(__version__)
         self.backend = hunyuan_backend()
         args = AsyncEngineArgs(**supported_args(self.engine_args))
         self.engine = AsyncLLM.from_engine_args(args)
@@ -132,11 +134,14 @@ class VllmEngine(Engine):
             "output_kind": RequestOutputKind.DELTA,
             "skip_special_tokens": True,
         }
-        for key in ("top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed"):
+        for key in ("top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
+                    "min_tokens"):
             if getattr(s, key) is not None:
                 kwargs[key] = getattr(s, key)
         if s.stop:
             kwargs["stop"] = list(s.stop)
+        if s.ignore_eos:
+            kwargs["ignore_eos"] = True
         return SamplingParams(**kwargs)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
@@ -186,6 +191,22 @@ class VllmEngine(Engine):
     def unfinished_requests(self) -> int:
         """Requests vLLM is still tracking (0 once every abandoned stream has been aborted)."""
         return self.engine.output_processor.get_num_unfinished_requests() if self.engine else 0
+
+
+def apply_version_workarounds(version: str) -> None:
+    """Environment fixes for known vLLM/HunYuanVL problems, set only where the user has not chosen.
+
+    - 0.26: the V2 model runner's CUDA-graph capture calls HunYuanVL without intermediate_tensors
+      (TypeError at start-up); the V1 runner works.
+    - Without flashinfer installed, vLLM's flashinfer sampler kills the engine at start.
+    """
+    import importlib.util
+
+    if version.startswith("0.26") and "VLLM_USE_V2_MODEL_RUNNER" not in os.environ:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        log.info("vLLM %s: using the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0) for HunYuanVL", version)
+    if importlib.util.find_spec("flashinfer") is None and "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ:
+        os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
 
 
 def vllm_engine_args(settings: Settings) -> dict[str, Any]:

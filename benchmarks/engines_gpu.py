@@ -1,0 +1,111 @@
+"""The engines benchmark on a GPU machine: raw `vllm serve` vs hyocr's vLLM engine vs hyocr's
+transformers engine, on the full-size HunyuanOCR 1.0 architecture with random weights, the same
+seeded card workload and the same client (``hyocr bench``), one target at a time.
+
+    python benchmarks/engines_gpu.py OUT_DIR [targets...]     targets: vllm-serve hyocr-vllm hyocr-transformers
+
+Each target: start the server, wait until ready, run `hyocr bench`, stop it. Results (the bench JSON per
+target, plus the server log) go to OUT_DIR. Random weights never emit EOS usefully, so every request
+generates exactly --max-tokens (ignore_eos), as in the reference measurements (DEVICE.md).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKPOINT = Path(os.environ.get("HYOCR_BENCH_CHECKPOINT", "/tmp/hunyuanocr-1.0-random"))
+CONCURRENCY = os.environ.get("HYOCR_BENCH_CONCURRENCY", "1,8,32,64")
+WORKLOAD = os.environ.get("HYOCR_BENCH_WORKLOAD", "card")
+MAX_TOKENS = os.environ.get("HYOCR_BENCH_MAX_TOKENS", "150")
+
+
+def build_checkpoint() -> None:
+    if (CHECKPOINT / "model.safetensors").exists():
+        return
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+    from tiny_hunyuan import HUNYUANOCR_1_0_SIZES, build_tiny_checkpoint
+
+    started = time.time()
+    build_tiny_checkpoint(CHECKPOINT, sizes=HUNYUANOCR_1_0_SIZES, remote_code=False)
+    print(f"built the full-size random checkpoint in {time.time() - started:.0f}s", flush=True)
+
+
+def server_command(target: str, port: int) -> list[str]:
+    py = sys.executable
+    if target == "vllm-serve":
+        # The official HunyuanOCR serve line, everything else at vLLM's defaults.
+        return [py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(CHECKPOINT), "--port", str(port),
+                "--host", "127.0.0.1", "--served-model-name", "raw-vllm", "--no-enable-prefix-caching",
+                "--mm-processor-cache-gb", "0"]
+    engine = "vllm" if target == "hyocr-vllm" else "transformers"
+    cmd = [py, "-m", "hyocr", "serve", "--engine", engine, "--model", str(CHECKPOINT), "--port", str(port),
+           "--served-model-name", f"hyocr-{engine}", "--log-level", "warning"]
+    if engine == "transformers":
+        cmd += ["--max-num-seqs", "64", "--batch-wait-ms", "20"]
+    return cmd + os.environ.get("HYOCR_BENCH_SERVER_ARGS", "").split()
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600) -> float:
+    started = time.time()
+    while time.time() - started < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        for path in ("/ready", "/health"):
+            try:
+                if httpx.get(url + path, timeout=2).status_code == 200 and (
+                    path == "/ready" or "hyocr" not in " ".join(proc.args)
+                ):
+                    return time.time() - started
+            except httpx.HTTPError:
+                pass
+        time.sleep(1)
+    raise RuntimeError("server not ready in time")
+
+
+def run_target(target: str, out: Path) -> None:
+    port = 8100
+    url = f"http://127.0.0.1:{port}"
+    log = open(out / f"{target}.server.log", "w")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(server_command(target, port), stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    try:
+        ready = wait_ready(url, proc)
+        print(f"{target}: ready in {ready:.0f}s", flush=True)
+        requests = ["--requests", "16"] if target == "hyocr-transformers" else []
+        bench = [sys.executable, "-m", "hyocr", "bench", "--url", url, "--workload", WORKLOAD,
+                 "--concurrency", CONCURRENCY, "--max-tokens", MAX_TOKENS, "--fixed-output",
+                 "--label", target, "--output", str(out / f"{target}.json"), *requests]
+        subprocess.run(bench, check=False, env=env, stderr=subprocess.DEVNULL)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    targets = sys.argv[2:] or ["vllm-serve", "hyocr-vllm", "hyocr-transformers"]
+    build_checkpoint()
+    for target in targets:
+        try:
+            run_target(target, out)
+        except Exception as exc:  # keep going: one broken target must not lose the others' numbers
+            print(f"{target}: FAILED: {exc}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

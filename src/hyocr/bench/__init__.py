@@ -1,0 +1,1 @@
+"""Benchmark harness: ``hyocr bench`` (load generator, seeded workloads, JSON + markdown reports)."""
