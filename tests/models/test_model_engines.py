@@ -142,3 +142,40 @@ def test_models_endpoint_reports_engine_and_checkpoint(model_server, tiny_checkp
     assert data.id == "hunyuanocr-tiny"
     assert data.model_extra["hyocr"]["engine"] in ("transformers", "vllm")
     assert data.model_extra["hyocr"]["path"] == str(tiny_checkpoint)
+
+
+def test_a_checkpoint_in_a_subfolder_is_served_and_reported(tiny_checkpoint, tmp_path):
+    """HunyuanOCR 1.0 lives in v1.0/ of the hub repo: --subfolder selects it (transformers engine)."""
+    import shutil
+
+    from hyocr.config import load_settings
+    from servers import LiveServer
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_checkpoint, repo / "v1.0")
+    server = LiveServer(load_settings(engine="transformers", model=str(repo), subfolder="v1.0")).start()
+    try:
+        r = _client(server).chat.completions.create(model="x", messages=_messages(), max_tokens=3)
+        assert r.usage.completion_tokens == 3
+        info = _client(server).models.list().data[0].model_extra["hyocr"]
+        assert info["subfolder"] == "v1.0" and info["path"] == str(repo)
+    finally:
+        server.stop()
+
+
+def test_engine_death_is_detected_and_requests_fail_fast(vllm_server):
+    """Runs last (it kills the session's vLLM engine): readiness goes false, requests get a 503."""
+    import psutil
+
+    cores = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in " ".join(p.cmdline() + [p.name()])]
+    assert cores, "no vLLM EngineCore process found"
+    for proc in cores:
+        proc.kill()
+    deadline = time.monotonic() + 15
+    while requests.get(f"{vllm_server.url}/ready", timeout=5).status_code == 200:
+        assert time.monotonic() < deadline, "readiness still true 15 s after the engine died"
+        time.sleep(0.2)
+    started = time.monotonic()
+    r = requests.post(f"{vllm_server.url}/v1/chat/completions", json={"messages": _messages(), "max_tokens": 4}, timeout=30)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
+    assert time.monotonic() - started < 5

@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import SettingsError
@@ -58,6 +59,7 @@ class VllmEngine(Engine):
                  max_images: int = 8, bounds: PixelBounds = PixelBounds(),
                  revision: str | None = None, subfolder: str | None = None) -> None:
         self.engine_args = engine_args
+        self.subfolder = subfolder
         self.bounds = bounds
         self.max_images = max_images
         self.info = EngineInfo(
@@ -95,6 +97,12 @@ class VllmEngine(Engine):
         started = time.perf_counter()
         apply_version_workarounds(__version__)
         self.backend = hunyuan_backend()
+        resolved = await asyncio.to_thread(
+            resolve_checkpoint, self.engine_args["model"], self.engine_args.get("revision"), self.subfolder
+        )
+        if resolved != self.engine_args["model"]:  # a local folder now: the revision was applied
+            self.engine_args.update(model=resolved, tokenizer=resolved)
+            self.engine_args.pop("revision", None)
         args = AsyncEngineArgs(**supported_args(self.engine_args))
         self.engine = AsyncLLM.from_engine_args(args)
         self.tokenizer = self.engine.get_tokenizer()
@@ -193,6 +201,23 @@ class VllmEngine(Engine):
         return self.engine.output_processor.get_num_unfinished_requests() if self.engine else 0
 
 
+def resolve_checkpoint(model: str, revision: str | None, subfolder: str | None) -> str:
+    """vLLM has no ``subfolder`` argument, and HunyuanOCR 1.0 lives in ``v1.0/`` of the hub repo
+    (1.5 at its root): resolve the folder to a local path (downloading just that folder from the hub
+    when ``model`` is a hub id) and give vLLM the path."""
+    if not subfolder:
+        return model
+    local = Path(model) / subfolder
+    if Path(model).is_dir():
+        if not (local / "config.json").exists():
+            raise SettingsError(f"no checkpoint (config.json) in {local}")
+        return str(local)
+    from huggingface_hub import snapshot_download
+
+    root = snapshot_download(model, revision=revision, allow_patterns=[f"{subfolder}/*"])
+    return str(Path(root) / subfolder)
+
+
 def apply_version_workarounds(version: str) -> None:
     """Environment fixes for known vLLM/HunYuanVL problems, set only where the user has not chosen.
 
@@ -225,13 +250,6 @@ def vllm_engine_args(settings: Settings) -> dict[str, Any]:
         "tensor_parallel_size": settings.tensor_parallel_size,
         "disable_log_stats": False,
     }
-    if settings.subfolder:
-        # vLLM has no subfolder argument: HunyuanOCR 1.0 lives in v1.0/ of the hub repo, so point
-        # at a local snapshot of that folder (see README: "Choosing 1.0 or 1.5").
-        raise SettingsError(
-            "--subfolder is not supported by vLLM: download the folder (huggingface-cli download "
-            "tencent/HunyuanOCR --include 'v1.0/*' --local-dir hunyuanocr) and pass --model hunyuanocr/v1.0"
-        )
     if settings.max_model_len:
         args["max_model_len"] = settings.max_model_len
     if settings.quantization:
