@@ -80,7 +80,8 @@ def run_target(target: str, out: Path) -> None:
     try:
         ready = wait_ready(url, proc)
         print(f"{target}: ready in {ready:.0f}s", flush=True)
-        requests = ["--requests", "16"] if target == "hyocr-transformers" else []
+        # generate() at concurrency 1 takes ~4 s a request: fewer requests, but every level full.
+        requests = ["--requests", "16,16,32,64"] if target == "hyocr-transformers" else []
         bench = [sys.executable, "-m", "hyocr", "bench", "--url", url, "--workload", WORKLOAD,
                  "--concurrency", CONCURRENCY, "--max-tokens", MAX_TOKENS, "--fixed-output",
                  "--label", target, "--output", str(out / f"{target}.json"), *requests]

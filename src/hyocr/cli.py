@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workload", choices=["card", "page"], default="card",
                        help="card: 1024x640; page: 1600x1200 (seeded synthetic text images)")
     bench.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
-    bench.add_argument("--requests", type=int, help="requests per level (default max(32, 2 x concurrency))")
+    bench.add_argument("--requests", help="requests per level, one number or one per level "
+                       "(default max(32, 2 x concurrency))")
     bench.add_argument("--max-tokens", dest="max_tokens", type=int, default=150)
     bench.add_argument("--fixed-output", dest="fixed_output", action="store_true",
                        help="ignore end-of-sequence: exactly --max-tokens per request (engine comparisons)")

@@ -12,7 +12,7 @@ from .workload import Workload
 DEFAULT_PROMPT = "提取图中的文字。"
 
 
-async def bench(url: str, workload: Workload, concurrency: list[int], requests: int | None,
+async def bench(url: str, workload: Workload, concurrency: list[int], requests: list[int] | None,
                 warmup: int, label: str | None, timeout: float) -> dict:
     url = url.rstrip("/").removesuffix("/v1")
     meta = report.metadata(url, workload, label)
@@ -22,8 +22,8 @@ async def bench(url: str, workload: Workload, concurrency: list[int], requests: 
                         offset=10**6, timeout=timeout, model=model)
     levels = []
     offset = 0
-    for c in concurrency:
-        n = requests or max(32, 2 * c)
+    for i, c in enumerate(concurrency):
+        n = requests[min(i, len(requests) - 1)] if requests else max(32, 2 * c)
         done = [0]
 
         def tick() -> None:
@@ -41,7 +41,8 @@ async def bench(url: str, workload: Workload, concurrency: list[int], requests: 
 def main(args) -> int:
     workload = Workload(args.workload, args.prompt or DEFAULT_PROMPT, args.max_tokens, args.fixed_output, args.seed)
     concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    doc = asyncio.run(bench(args.url, workload, concurrency, args.requests, args.warmup, args.label,
+    requests = [int(n) for n in args.requests.split(",") if n.strip()] if args.requests else None
+    doc = asyncio.run(bench(args.url, workload, concurrency, requests, args.warmup, args.label,
                             args.timeout))
     report.write(doc, args.output)
     print(report.markdown(doc))
