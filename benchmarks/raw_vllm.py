@@ -1,0 +1,111 @@
+"""Raw vLLM baseline: AsyncLLM in-process, no HTTP, no hyocr, on the same seeded workload as
+``hyocr bench`` (same images, prompt, sampling and request counts), reporting the same JSON schema.
+
+    python benchmarks/raw_vllm.py CHECKPOINT OUT.json [--workload card] [--concurrency 1,8,32,64]
+
+vLLM's defaults plus the HunyuanOCR authors' serve flags (no prefix caching, no multimodal processor
+cache): what a user gets from `vllm serve tencent/HunyuanOCR ...` minus the HTTP layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from hyocr.bench import report  # noqa: E402
+from hyocr.bench.load import GpuMemorySampler, LevelResult, _quantile  # noqa: E402
+from hyocr.bench.workload import Workload  # noqa: E402
+from hyocr.engines.vllm import IMAGE_END, IMAGE_START, apply_version_workarounds, hunyuan_backend  # noqa: E402
+from hyocr.engines.hunyuan import IMAGE_PLACEHOLDER  # noqa: E402
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("checkpoint")
+    parser.add_argument("output")
+    parser.add_argument("--workload", default="card")
+    parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument("--max-tokens", type=int, default=150)
+    args = parser.parse_args()
+
+    import vllm
+    from vllm import AsyncEngineArgs, SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    apply_version_workarounds(vllm.__version__)
+    workload = Workload(args.workload, "提取图中的文字。", args.max_tokens, True)
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
+        model=args.checkpoint, enable_prefix_caching=False, mm_processor_cache_gb=0, disable_log_stats=True,
+    ))
+    tokenizer = engine.get_tokenizer()
+    messages = [{"role": "system", "content": ""},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": workload.prompt}]}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if hunyuan_backend() == "native":
+        prompt = prompt.replace(IMAGE_START + IMAGE_PLACEHOLDER + IMAGE_END, IMAGE_PLACEHOLDER)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True,
+                            output_kind=RequestOutputKind.DELTA)
+
+    async def one(index: int, rid: str) -> tuple[float, float | None, int, int]:
+        image = workload.image(index)
+        started = time.perf_counter()
+        ttft, tokens, prompt_tokens = None, 0, 0
+        async for out in engine.generate({"prompt": prompt, "multi_modal_data": {"image": image}}, params, rid):
+            prompt_tokens = len(out.prompt_token_ids or ())
+            tokens += len(out.outputs[0].token_ids)
+            if ttft is None and out.outputs[0].token_ids:
+                ttft = time.perf_counter() - started
+        return time.perf_counter() - started, ttft, tokens, prompt_tokens
+
+    async def level(c: int, n: int, offset: int) -> dict:
+        queue = list(range(offset, offset + n))
+        samples = []
+
+        async def worker() -> None:
+            while queue:
+                i = queue.pop(0)
+                samples.append(await one(i, f"raw-{i}"))
+
+        with GpuMemorySampler() as gpu:
+            started = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(c)))
+            duration = time.perf_counter() - started
+        lat = [s[0] for s in samples]
+        ttft = [s[1] for s in samples if s[1] is not None]
+        return LevelResult(
+            concurrency=c, requests=n, errors=0, duration_s=round(duration, 3),
+            throughput_rps=round(n / duration, 3), output_tokens_per_s=round(sum(s[2] for s in samples) / duration, 1),
+            latency_mean_s=round(statistics.fmean(lat), 4), latency_p50_s=round(_quantile(lat, 0.5), 4),
+            latency_p99_s=round(_quantile(lat, 0.99), 4), ttft_p50_s=round(_quantile(ttft, 0.5), 4),
+            ttft_p99_s=round(_quantile(ttft, 0.99), 4),
+            prompt_tokens_mean=round(statistics.fmean(s[3] for s in samples), 1),
+            completion_tokens_mean=round(statistics.fmean(s[2] for s in samples), 1),
+            peak_gpu_memory_bytes=gpu.peak,
+        ).as_dict()
+
+    # Same seeds and counts as hyocr bench: warm-up images from 10**6, levels from 0.
+    await asyncio.gather(*(one(10**6 + i, f"warm-{i}") for i in range(4)))
+    levels, offset = [], 0
+    for c in (int(x) for x in args.concurrency.split(",")):
+        n = max(32, 2 * c)
+        levels.append(await level(c, n, offset))
+        offset += n
+        print(levels[-1], flush=True)
+    meta = report.metadata("in-process", workload, "raw-vllm")
+    meta["server"] = {"engine": "raw vLLM AsyncLLM", "vllm": vllm.__version__, "backend": hunyuan_backend(),
+                      "model": args.checkpoint}
+    doc = {"metadata": meta, "levels": levels, "sustained_concurrency": report.sustained(levels)}
+    report.write(doc, args.output)
+    print(report.markdown(doc))
+    engine.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
