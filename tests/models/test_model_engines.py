@@ -144,6 +144,20 @@ def test_models_endpoint_reports_engine_and_checkpoint(model_server, tiny_checkp
     assert data.model_extra["hyocr"]["path"] == str(tiny_checkpoint)
 
 
+def test_lora_adapter_is_listed_selected_by_model_name_and_applied(vllm_server):
+    client = _client(vllm_server)
+    models = {m.id: m for m in client.models.list().data}
+    assert models["invoices"].model_extra["parent"] == "hunyuanocr-tiny"
+    extra = {"loop_guard": False}
+    base = client.chat.completions.create(model="hunyuanocr-tiny", messages=_messages(), max_tokens=8, extra_body=extra)
+    tuned = client.chat.completions.create(model="invoices", messages=_messages(), max_tokens=8, extra_body=extra)
+    assert tuned.model == "invoices" and base.model == "hunyuanocr-tiny"
+    assert tuned.choices[0].message.content != base.choices[0].message.content  # the adapter's weights ran
+    ocr = requests.post(f"{vllm_server.url}/v1/ocr", json={"image": CARD_URL, "task": "text", "model": "invoices",
+                                                           "max_tokens": 4}, timeout=120)
+    assert ocr.json()["model"] == "invoices"
+
+
 def test_a_checkpoint_in_a_subfolder_is_served_and_reported(tiny_checkpoint, tmp_path):
     """HunyuanOCR 1.0 lives in v1.0/ of the hub repo: --subfolder selects it (transformers engine)."""
     import shutil

@@ -53,7 +53,7 @@ def _media_from_url(url: str, param: str) -> MediaInput:
 
 
 def prompt_call(
-    text: str, media: list[MediaInput], sampling: SamplingParams, *, system: str = ""
+    text: str, media: list[MediaInput], sampling: SamplingParams, *, system: str = "", model: str | None = None
 ) -> OcrCall:
     """A free prompt (chat or completions) -> the task it asks for.
 
@@ -63,7 +63,8 @@ def prompt_call(
     """
     text = text.strip()
     if not text:
-        return OcrCall(media=tuple(media), task=Task.TEXT, system=system, sampling=sampling, strict_task=False)
+        return OcrCall(media=tuple(media), task=Task.TEXT, system=system, sampling=sampling, strict_task=False,
+                       model=model)
     match = match_prompt(text)
     return OcrCall(
         media=tuple(media),
@@ -77,6 +78,7 @@ def prompt_call(
         system=system,
         sampling=sampling,
         strict_task=False,
+        model=model,
     )
 
 
@@ -117,7 +119,7 @@ def chat_call(req: ChatCompletionRequest, settings: Settings) -> OcrCall:
             else:
                 texts.append(part.text)
     return prompt_call(
-        "\n".join(texts), media, sampling_from(req, settings), system="\n".join(system_parts)
+        "\n".join(texts), media, sampling_from(req, settings), system="\n".join(system_parts), model=req.model
     )
 
 
@@ -137,7 +139,7 @@ def completion_call(req: CompletionRequest, settings: Settings) -> OcrCall:
         raise InvalidRequest("suffix is not supported", param="suffix")
     images = ([req.image] if req.image else []) + list(req.images or [])
     media = [MediaInput(img, param="image" if i == 0 and req.image else f"images.{i}") for i, img in enumerate(images)]
-    return prompt_call(prompt, media, sampling_from(req, settings))
+    return prompt_call(prompt, media, sampling_from(req, settings), model=req.model)
 
 
 def ocr_call(
@@ -164,4 +166,5 @@ def ocr_call(
         prompt_language=req.prompt_language,
         sampling=sampling_from(req, settings),
         strict_task=True,
+        model=req.model,
     )

@@ -130,6 +130,7 @@ class OcrJsonRequest(SamplingFields):
     language: str = Field("en", description="target language for task=translate: en | zh")
     question: str | None = Field(None, description="the question for task=vqa")
     prompt_language: Literal["zh", "en"] | None = None
+    model: str | None = Field(None, description="a LoRA adapter name to use (the base model otherwise)")
 
 
 class Block(BaseModel):

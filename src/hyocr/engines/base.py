@@ -23,6 +23,7 @@ class EngineInfo:
     tasks: frozenset[Task]
     follows_prompts: bool  # a vision-language model that reads the prompt (vs. a fixed OCR pipeline)
     max_images: int = 1  # images per engine request
+    adapters: tuple[str, ...] = ()  # LoRA adapters a request can select by model name
     details: dict[str, str] = field(default_factory=dict)  # revision, model path, versions
 
 

@@ -57,8 +57,12 @@ def hunyuan_backend() -> str:
 class VllmEngine(Engine):
     def __init__(self, engine_args: dict[str, Any], *, served_model_name: str | None = None,
                  max_images: int = 8, bounds: PixelBounds = PixelBounds(),
-                 revision: str | None = None, subfolder: str | None = None) -> None:
+                 revision: str | None = None, subfolder: str | None = None,
+                 lora_modules: dict[str, str] | None = None) -> None:
         self.engine_args = engine_args
+        self.lora_modules = dict(lora_modules or {})
+        if self.lora_modules:
+            engine_args.update(enable_lora=True, max_loras=len(self.lora_modules))
         self.subfolder = subfolder
         self.bounds = bounds
         self.max_images = max_images
@@ -68,6 +72,7 @@ class VllmEngine(Engine):
             tasks=ALL_TASKS,
             follows_prompts=True,
             max_images=max_images,
+            adapters=tuple(self.lora_modules),
             details={"path": engine_args["model"], "revision": revision or "main", "subfolder": subfolder or ""},
         )
         self.engine: Any = None
@@ -86,6 +91,7 @@ class VllmEngine(Engine):
             bounds=PixelBounds(settings.min_pixels, settings.max_pixels),
             revision=settings.revision,
             subfolder=settings.subfolder,
+            lora_modules=parse_lora_modules(settings.lora_modules),
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -162,10 +168,11 @@ class VllmEngine(Engine):
         if images:
             prompt["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
         params = self.sampling_params(request)
+        lora = self.lora_request(request.adapter)
         completion = 0
         finished = False
         try:
-            async for out in self.engine.generate(prompt, params, request.request_id):
+            async for out in self.engine.generate(prompt, params, request.request_id, lora_request=lora):
                 prompt_tokens = len(out.prompt_token_ids or ())
                 result = out.outputs[0]
                 completion += len(result.token_ids)
@@ -192,6 +199,14 @@ class VllmEngine(Engine):
             if not finished:
                 await self.abort(request.request_id)
 
+    def lora_request(self, adapter: str | None) -> Any:
+        if adapter is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        names = list(self.lora_modules)
+        return LoRARequest(adapter, names.index(adapter) + 1, self.lora_modules[adapter])
+
     async def abort(self, request_id: str) -> None:
         if self.engine is not None and not self.engine.errored:
             await self.engine.abort(request_id)
@@ -199,6 +214,17 @@ class VllmEngine(Engine):
     def unfinished_requests(self) -> int:
         """Requests vLLM is still tracking (0 once every abandoned stream has been aborted)."""
         return self.engine.output_processor.get_num_unfinished_requests() if self.engine else 0
+
+
+def parse_lora_modules(spec: str | None) -> dict[str, str]:
+    """``"invoices=/adapters/inv,receipts=/adapters/rec"`` -> {name: path}."""
+    modules: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in (spec or "").split(","))):
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise SettingsError(f"lora_modules: expected name=path, got {item!r}")
+        modules[name.strip()] = path.strip()
+    return modules
 
 
 def resolve_checkpoint(model: str, revision: str | None, subfolder: str | None) -> str:
@@ -249,6 +275,7 @@ def vllm_engine_args(settings: Settings) -> dict[str, Any]:
         "enforce_eager": settings.enforce_eager,
         "tensor_parallel_size": settings.tensor_parallel_size,
         "disable_log_stats": False,
+        "max_lora_rank": settings.max_lora_rank if settings.lora_modules else None,
     }
     if settings.max_model_len:
         args["max_model_len"] = settings.max_model_len

@@ -65,6 +65,7 @@ class OcrCall:
     prompt: str | None = None
     system: str = ""
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    model: str | None = None  # the client's model name: selects a LoRA adapter when it names one
     # /v1/ocr asks for a task explicitly (unsupported -> 400); chat clients get the closest task
     # the engine can run (text) and are told which one ran.
     strict_task: bool = True
@@ -115,6 +116,10 @@ class OcrService:
     @property
     def model(self) -> str:
         return self.engine.info.model
+
+    def model_for(self, prep: Prepared) -> str:
+        """The name responses carry: the adapter's when the request selected one."""
+        return prep.call.model if prep.call.model in self.engine.info.adapters else self.model
 
     # ----------------------------------------------------------------- preparation
 
@@ -186,6 +191,7 @@ class OcrService:
             images=images,
             system=prep.call.system,
             sampling=self._sampling(prep.call),
+            adapter=prep.call.model if prep.call.model in self.engine.info.adapters else None,
         )
 
     # ----------------------------------------------------------------- streaming (chat)
@@ -277,7 +283,7 @@ class OcrService:
             usage = usage + r.usage
         return OcrResult(
             id=prep.request_id,
-            model=self.model,
+            model=self.model_for(prep),
             engine=self.engine.info.name,
             task=prep.task,
             requested_task=prep.requested_task,

@@ -16,7 +16,7 @@ from .deps import service_of, settings_of
 
 router = APIRouter(tags=["ocr"])
 
-_FORM_FIELDS = {"task", "fields", "language", "question", "prompt_language", "max_tokens", "temperature"}
+_FORM_FIELDS = {"task", "fields", "language", "question", "prompt_language", "max_tokens", "temperature", "model"}
 
 _DOC = {
     "requestBody": {
@@ -65,7 +65,7 @@ async def _parse(request: Request) -> tuple[OcrJsonRequest, list[MediaInput]]:
                 uploads.append(MediaInput(await value.read(), param=key))
             elif key in _FORM_FIELDS:
                 values[key] = value
-            elif key not in ("model",):
+            else:
                 raise InvalidRequest(f"unknown form field {key!r}", param=key)
         return OcrJsonRequest.model_validate(values), uploads
     raise UnsupportedMediaType(

@@ -34,7 +34,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     prep = await service.prepare(
         chat_call(body, settings_of(request)), request_id=f"chatcmpl-{uuid.uuid4().hex}"
     )
-    created, model = int(time.time()), service.model
+    created, model = int(time.time()), service.model_for(prep)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         first = [True]
@@ -90,7 +90,7 @@ async def completions(body: CompletionRequest, request: Request):
     prep = await service.prepare(
         completion_call(body, settings_of(request)), request_id=f"cmpl-{uuid.uuid4().hex}"
     )
-    created, model = int(time.time()), service.model
+    created, model = int(time.time()), service.model_for(prep)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -132,13 +132,18 @@ async def completions(body: CompletionRequest, request: Request):
 @router.get("/v1/models", summary="The model this server runs")
 async def models(request: Request) -> dict:
     info = service_of(request).engine.info
+    created = request.app.state.started_at
+    adapters = [
+        {"id": name, "object": "model", "created": created, "owned_by": "hyocr", "root": name, "parent": info.model}
+        for name in info.adapters
+    ]
     return {
         "object": "list",
         "data": [
             {
                 "id": info.model,
                 "object": "model",
-                "created": request.app.state.started_at,
+                "created": created,
                 "owned_by": "hyocr",
                 "root": info.details.get("path", info.model),
                 "hyocr": {
@@ -147,7 +152,8 @@ async def models(request: Request) -> dict:
                     "follows_prompts": info.follows_prompts,
                     **info.details,
                 },
-            }
+            },
+            *adapters,
         ],
     }
 
