@@ -66,6 +66,11 @@ class Settings(BaseSettings):
     min_pixels: int = Field(512 * 512, ge=1024)
     max_pixels: int = Field(2048 * 2048, ge=1024)
 
+    # --- admission and deadlines ---
+    max_concurrency: int = Field(64, ge=1, le=100_000, description="requests in the engine at once")
+    max_queue: int = Field(256, ge=0, le=1_000_000, description="requests waiting; beyond that, 503 at once")
+    request_timeout: float = Field(300.0, gt=0, le=86_400, description="seconds per request; then 504")
+
     # --- generation defaults ---
     default_max_tokens: int = Field(4096, ge=1, le=131072)
     max_tokens_limit: int = Field(16384, ge=1, le=131072)

@@ -104,4 +104,8 @@ async def sse_stream(
     except HyocrError as exc:
         _, body = hyocr_error_body(exc, request_id)
         yield sse(body)
+    finally:
+        # Deterministic clean-up when the client goes away: closing the chunk stream aborts the
+        # engine request and frees its admission slot now, not whenever the generator is collected.
+        await chunks.aclose()
     yield sse("[DONE]")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from ..engines.base import Engine
 from ..engines.registry import engines_for
-from ..errors import HyocrError, InvalidRequest, UnsupportedTask
+from ..errors import GatewayTimeout, HyocrError, InvalidRequest, UnsupportedTask
 from ..types import (
     EngineChunk,
     EngineRequest,
@@ -34,6 +34,7 @@ from ..types import (
     Usage,
 )
 from . import fields as extraction
+from .admission import Admission, Ticket
 from . import postprocess
 from .media import MediaLimits, decode_base64, load_image
 from .tasks import build_prompt
@@ -94,6 +95,8 @@ class OcrService:
         default_max_tokens: int = 4096,
         prompt_language: str = "zh",
         loop_guard: bool = True,
+        admission: Admission | None = None,
+        request_timeout: float = 300.0,
     ) -> None:
         self.engine = engine
         self.limits = limits or MediaLimits()
@@ -101,6 +104,8 @@ class OcrService:
         self.default_max_tokens = default_max_tokens
         self.prompt_language = prompt_language
         self.loop_guard = loop_guard
+        self.admission = admission or Admission(max_concurrency=64, max_queue=256)
+        self.request_timeout = request_timeout
 
     @classmethod
     def from_settings(cls, engine: Engine, settings) -> OcrService:
@@ -111,6 +116,8 @@ class OcrService:
             default_max_tokens=settings.default_max_tokens,
             prompt_language=settings.prompt_language,
             loop_guard=settings.loop_guard,
+            admission=Admission(settings.max_concurrency, settings.max_queue),
+            request_timeout=settings.request_timeout,
         )
 
     @property
@@ -120,6 +127,56 @@ class OcrService:
     def model_for(self, prep: Prepared) -> str:
         """The name responses carry: the adapter's when the request selected one."""
         return prep.call.model if prep.call.model in self.engine.info.adapters else self.model
+
+    # ----------------------------------------------------------------- entry points
+    # Each one: admission (503 at once when full, before any decoding) -> prepare -> engine work
+    # under the request deadline (504, engine work aborted) -> the slot released however it ends.
+
+    async def ocr(self, call: OcrCall, *, request_id: str | None = None) -> OcrResult:
+        async with await self.admission.acquire():
+            prep = await self.prepare(call, request_id=request_id)
+            return await self._within_deadline(self.run(prep))
+
+    async def generate_text(self, call: OcrCall, *, request_id: str) -> tuple[Prepared, str, EngineChunk]:
+        async with await self.admission.acquire():
+            prep = await self.prepare(call, request_id=request_id)
+            text, final = await self._within_deadline(self.complete(prep))
+            return prep, text, final
+
+    async def open_stream(
+        self, call: OcrCall, *, request_id: str
+    ) -> tuple[Prepared, AsyncIterator[EngineChunk]]:
+        """Admit and validate now (so errors are plain HTTP errors), stream later."""
+        ticket = await self.admission.acquire()
+        try:
+            prep = await self.prepare(call, request_id=request_id)
+        except BaseException:
+            ticket.release()
+            raise
+        return prep, self._deadline_stream(prep, ticket)
+
+    async def _within_deadline(self, work):
+        try:
+            return await asyncio.wait_for(work, self.request_timeout)
+        except TimeoutError:
+            raise GatewayTimeout(f"the request took longer than {self.request_timeout:g}s") from None
+
+    async def _deadline_stream(self, prep: Prepared, ticket: Ticket) -> AsyncIterator[EngineChunk]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.request_timeout
+        chunks = self.stream(prep)
+        try:
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(anext(chunks), max(0.0, deadline - loop.time()))
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise GatewayTimeout(f"the request took longer than {self.request_timeout:g}s") from None
+                yield chunk
+        finally:
+            await chunks.aclose()
+            ticket.release()
 
     # ----------------------------------------------------------------- preparation
 

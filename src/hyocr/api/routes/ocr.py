@@ -83,6 +83,4 @@ async def _parse(request: Request) -> tuple[OcrJsonRequest, list[MediaInput]]:
 async def ocr(request: Request) -> dict:
     body, uploads = await _parse(request)
     call = ocr_call(body, settings_of(request), uploads=uploads)
-    service = service_of(request)
-    prepared = await service.prepare(call)
-    return ocr_body(await service.run(prepared))
+    return ocr_body(await service_of(request).ocr(call))

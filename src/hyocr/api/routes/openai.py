@@ -31,11 +31,10 @@ def _task_headers(prep: Prepared) -> dict[str, str]:
 @router.post("/v1/chat/completions", responses=_ERRORS, summary="OpenAI chat completions with images")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     service = service_of(request)
-    prep = await service.prepare(
-        chat_call(body, settings_of(request)), request_id=f"chatcmpl-{uuid.uuid4().hex}"
-    )
-    created, model = int(time.time()), service.model_for(prep)
+    call, request_id = chat_call(body, settings_of(request)), f"chatcmpl-{uuid.uuid4().hex}"
     if body.stream:
+        prep, chunks = await service.open_stream(call, request_id=request_id)
+        created, model = int(time.time()), service.model_for(prep)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         first = [True]
 
@@ -57,12 +56,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             return {"id": prep.request_id, "object": "chat.completion.chunk", "created": created,
                     "model": model, "choices": [], "usage": usage_body(prompt, completion)}
 
-        stream = sse_stream(service.stream(prep), make_chunk=make_chunk, make_usage=make_usage,
+        stream = sse_stream(chunks, make_chunk=make_chunk, make_usage=make_usage,
                             request_id=prep.request_id)
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={**_SSE_HEADERS, **_task_headers(prep)})
 
-    text, final = await service.complete(prep)
+    prep, text, final = await service.generate_text(call, request_id=request_id)
+    created, model = int(time.time()), service.model_for(prep)
     return _json(
         {
             "id": prep.request_id,
@@ -87,11 +87,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 @router.post("/v1/completions", responses=_ERRORS, summary="OpenAI completions (+ the article's 'image' field)")
 async def completions(body: CompletionRequest, request: Request):
     service = service_of(request)
-    prep = await service.prepare(
-        completion_call(body, settings_of(request)), request_id=f"cmpl-{uuid.uuid4().hex}"
-    )
-    created, model = int(time.time()), service.model_for(prep)
+    call, request_id = completion_call(body, settings_of(request)), f"cmpl-{uuid.uuid4().hex}"
     if body.stream:
+        prep, chunks = await service.open_stream(call, request_id=request_id)
+        created, model = int(time.time()), service.model_for(prep)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         def make_chunk(text: str, finish: FinishReason | None) -> dict:
@@ -108,12 +107,13 @@ async def completions(body: CompletionRequest, request: Request):
             return {"id": prep.request_id, "object": "text_completion", "created": created,
                     "model": model, "choices": [], "usage": usage_body(prompt, completion)}
 
-        stream = sse_stream(service.stream(prep), make_chunk=make_chunk, make_usage=make_usage,
+        stream = sse_stream(chunks, make_chunk=make_chunk, make_usage=make_usage,
                             request_id=prep.request_id)
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={**_SSE_HEADERS, **_task_headers(prep)})
 
-    text, final = await service.complete(prep)
+    prep, text, final = await service.generate_text(call, request_id=request_id)
+    created, model = int(time.time()), service.model_for(prep)
     return _json(
         {
             "id": prep.request_id,

@@ -1,0 +1,60 @@
+"""Per-caller rate limits with the ``limits`` library: in memory by default, Redis when
+``HYOCR_RATE_LIMIT_STORAGE=redis://...`` so that every replica counts against the same window.
+
+The caller is the identity the auth middleware found (an API key's digest name, a JWT subject), or
+the client IP when auth is off. Over the limit: 429 with Retry-After, before any body is read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+
+class RateLimiter:
+    def __init__(self, spec: str, storage_uri: str = "memory://") -> None:
+        from limits import parse_many
+        from limits.aio.strategies import MovingWindowRateLimiter
+        from limits.storage import storage_from_string
+
+        self.items = parse_many(spec)  # "60/minute" or "10/second;1000/hour"
+        # The async storages (no blocking Redis round trip on the event loop).
+        uri = storage_uri if storage_uri.startswith("async+") else "async+" + storage_uri
+        self.limiter = MovingWindowRateLimiter(storage_from_string(uri))
+
+    async def hit(self, caller: str) -> float | None:
+        """None when allowed; else seconds until the caller may try again."""
+        for item in self.items:
+            if not await self.limiter.hit(item, "hyocr", caller):
+                stats = await self.limiter.get_window_stats(item, "hyocr", caller)
+                return max(1.0, stats.reset_time - time.time())
+        return None
+
+
+class RateLimitMiddleware:
+    def __init__(self, app: ASGIApp, limiter: RateLimiter, public_paths: frozenset[str]) -> None:
+        self.app = app
+        self.limiter = limiter
+        self.public_paths = public_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.public_paths:
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        caller = state.get("principal") or f"ip:{state.get('client_ip') or (scope.get('client') or ('-',))[0]}"
+        retry_after = await self.limiter.hit(caller)
+        if retry_after is None:
+            await self.app(scope, receive, send)
+            return
+        wait = str(math.ceil(retry_after))
+        body = json.dumps({"error": {"message": f"rate limit exceeded; retry in {wait}s",
+                                     "type": "rate_limit_error", "param": None,
+                                     "code": "rate_limit_exceeded"}}).encode()
+        await send({"type": "http.response.start", "status": 429, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"retry-after", wait.encode())]})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,198 @@
+"""Who is calling: API keys, JWT bearer tokens, IP allowlists. A pure ASGI middleware.
+
+Order per request: public path? -> client IP (proxy headers only from trusted proxies) ->
+credential (Bearer token or X-API-Key; HTTP Basic with the key as password for the web UI, whose
+browser prompts for it) -> 401 when none is valid -> 403 when the identity's IP is outside the
+allowlist. The identity goes to ``scope["state"]["principal"]`` for rate limits and logs: a key is
+named by a digest prefix, never by its value.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+log = logging.getLogger("hyocr.security")
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def key_id(key: str) -> str:
+    """A stable, non-reversible name for an API key, safe for logs and metric labels."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def parse_networks(spec: str | None) -> tuple[IPNetwork, ...]:
+    return tuple(ipaddress.ip_network(s.strip(), strict=False) for s in (spec or "").split(",") if s.strip())
+
+
+@dataclass(frozen=True)
+class AuthPolicy:
+    api_key_digests: tuple[bytes, ...] = ()  # sha256 of each key: compared in constant time
+    jwt_keys: tuple[tuple[str, object], ...] = ()  # (algorithm family, key) pairs
+    jwt_audience: str | None = None
+    jwt_issuer: str | None = None
+    allowed_ips: tuple[IPNetwork, ...] = ()
+    trusted_proxies: tuple[IPNetwork, ...] = ()
+    public_paths: frozenset[str] = field(default_factory=lambda: frozenset({"/health"}))
+
+    @property
+    def requires_identity(self) -> bool:
+        return bool(self.api_key_digests or self.jwt_keys)
+
+    @property
+    def enabled(self) -> bool:
+        return self.requires_identity or bool(self.allowed_ips)
+
+    @classmethod
+    def from_settings(cls, settings) -> AuthPolicy:
+        keys = settings.api_keys.get_secret_value() if settings.api_keys else ""
+        digests = tuple(hashlib.sha256(k.strip().encode()).digest() for k in keys.split(",") if k.strip())
+        jwt_keys: list[tuple[str, object]] = []
+        if settings.jwt_secret:
+            jwt_keys.append(("HS256", settings.jwt_secret.get_secret_value()))
+        if settings.jwt_public_key:
+            jwt_keys.append(("RS256", _read_key(settings.jwt_public_key)))
+        if settings.jwt_jwks_file:
+            import jwt
+
+            jwks = json.loads(Path(settings.jwt_jwks_file).read_text())
+            for jwk in jwks.get("keys", []):
+                jwt_keys.append(("RS256", jwt.PyJWK(jwk).key))
+        public = {"/health"}
+        if settings.public_ready:
+            public.add("/ready")
+        if settings.public_metrics:
+            public.add("/metrics")
+        return cls(
+            api_key_digests=digests,
+            jwt_keys=tuple(jwt_keys),
+            jwt_audience=settings.jwt_audience,
+            jwt_issuer=settings.jwt_issuer,
+            allowed_ips=parse_networks(settings.allowed_ips),
+            trusted_proxies=parse_networks(settings.trusted_proxies),
+            public_paths=frozenset(public),
+        )
+
+
+def _read_key(value: str) -> str:
+    """A PEM given inline, or a path to one."""
+    return value if "-----BEGIN" in value else Path(value).read_text()
+
+
+class AuthError(Exception):
+    def __init__(self, status: int, message: str, code: str) -> None:
+        self.status, self.message, self.code = status, message, code
+
+
+class Authenticator:
+    def __init__(self, policy: AuthPolicy) -> None:
+        self.policy = policy
+
+    def client_ip(self, scope: Scope) -> str:
+        """The peer address, or the first untrusted hop of X-Forwarded-For when the peer is a
+        trusted proxy (a client can write anything into that header; only proxies we run can't)."""
+        peer = (scope.get("client") or ("0.0.0.0", 0))[0]
+        if not self.policy.trusted_proxies or not self._in(peer, self.policy.trusted_proxies):
+            return peer
+        forwarded = dict(scope["headers"]).get(b"x-forwarded-for", b"").decode("latin-1")
+        for hop in reversed([h.strip() for h in forwarded.split(",") if h.strip()]):
+            if not self._in(hop, self.policy.trusted_proxies):
+                return hop
+        return peer
+
+    @staticmethod
+    def _in(ip: str, networks: tuple[IPNetwork, ...]) -> bool:
+        try:
+            address = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        return any(address in net for net in networks)
+
+    def check_key(self, presented: str) -> bool:
+        digest = hashlib.sha256(presented.encode()).digest()
+        # Compare against every key, so the time taken says nothing about which one (or whether) matched.
+        matched = False
+        for expected in self.policy.api_key_digests:
+            matched |= hmac.compare_digest(digest, expected)
+        return matched
+
+    def check_jwt(self, token: str) -> str | None:
+        """The token's subject when it verifies with one of our keys; None otherwise."""
+        import jwt
+
+        options = {"require": ["exp"], "verify_aud": self.policy.jwt_audience is not None}
+        for family, key in self.policy.jwt_keys:
+            algorithms = ["HS256", "HS384", "HS512"] if family == "HS256" else ["RS256", "RS384", "RS512"]
+            try:
+                claims = jwt.decode(token, key, algorithms=algorithms, audience=self.policy.jwt_audience,
+                                    issuer=self.policy.jwt_issuer, options=options)
+            except jwt.PyJWTError:
+                continue
+            return f"jwt:{str(claims.get('sub', 'anonymous'))[:64]}"
+        return None
+
+    def identify(self, scope: Scope) -> str:
+        """The caller's identity, or AuthError(401)."""
+        headers = dict(scope["headers"])
+        auth = headers.get(b"authorization", b"").decode("latin-1").strip()
+        scheme, _, value = auth.partition(" ")
+        presented = headers.get(b"x-api-key", b"").decode("latin-1").strip()
+        if scheme.lower() == "bearer":
+            presented = presented or value.strip()
+        elif scheme.lower() == "basic":  # the web UI: the browser's login prompt, key as password
+            try:
+                presented = base64.b64decode(value).decode().partition(":")[2]
+            except ValueError:
+                presented = ""
+        if not presented:
+            raise AuthError(401, "missing credentials: send Authorization: Bearer <key or token>", "missing_api_key")
+        if self.policy.api_key_digests and self.check_key(presented):
+            return key_id(presented)
+        if self.policy.jwt_keys and presented.count(".") == 2:
+            subject = self.check_jwt(presented)
+            if subject:
+                return subject
+        raise AuthError(401, "invalid API key or token", "invalid_api_key")
+
+
+class AuthMiddleware:
+    def __init__(self, app: ASGIApp, policy: AuthPolicy) -> None:
+        self.app = app
+        self.auth = Authenticator(policy)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        policy = self.auth.policy
+        if scope["type"] != "http" or not policy.enabled or scope["path"] in policy.public_paths:
+            await self.app(scope, receive, send)
+            return
+        ip = self.auth.client_ip(scope)
+        state = scope.setdefault("state", {})
+        state["client_ip"] = ip
+        try:
+            principal = self.auth.identify(scope) if policy.requires_identity else f"ip:{ip}"
+            if policy.allowed_ips and not self.auth._in(ip, policy.allowed_ips):
+                raise AuthError(403, "this address is not allowed", "ip_not_allowed")
+        except AuthError as exc:
+            await _deny(send, exc, ui=scope["path"].startswith("/ui"))
+            return
+        state["principal"] = principal
+        await self.app(scope, receive, send)
+
+
+async def _deny(send: Send, exc: AuthError, *, ui: bool) -> None:
+    kind = "authentication_error" if exc.status == 401 else "permission_error"
+    body = json.dumps({"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if exc.status == 401:
+        challenge = b'Basic realm="hyocr"' if ui else b'Bearer realm="hyocr"'
+        headers.append((b"www-authenticate", challenge))
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

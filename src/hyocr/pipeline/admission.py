@@ -1,0 +1,76 @@
+"""Admission control: at most ``max_concurrency`` requests in the engine, at most ``max_queue``
+waiting; the rest are refused at once (503 + Retry-After) before their images are decoded, so an
+overload costs the server almost nothing and accepted requests keep their latency."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from ..errors import ServiceUnavailable
+
+
+class Admission:
+    def __init__(self, max_concurrency: int, max_queue: int) -> None:
+        self.max_concurrency = max_concurrency
+        self.max_queue = max_queue
+        self.in_flight = 0
+        self._waiters: deque[asyncio.Future] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self) -> Ticket:
+        if self.in_flight < self.max_concurrency and not self._waiters:
+            self.in_flight += 1
+            return Ticket(self)
+        if len(self._waiters) >= self.max_queue:
+            raise ServiceUnavailable(
+                "the server is at capacity; retry shortly", code="overloaded", headers={"Retry-After": "1"}
+            )
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # resolved by release(), which hands over its slot
+        except BaseException:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            elif waiter.done() and not waiter.cancelled():
+                self._release_slot()  # the slot was handed over just as we gave up: pass it on
+            raise
+        return Ticket(self)
+
+    def _release_slot(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot moves to the next waiter; in_flight unchanged
+                return
+        self.in_flight -= 1
+
+
+class Ticket:
+    """One admitted request's slot. ``release`` is idempotent (streams end in several ways)."""
+
+    __slots__ = ("_admission", "_released")
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._admission._release_slot()
+
+    def __del__(self) -> None:
+        # Safety net: a stream that was admitted but never iterated (client gone before the first
+        # byte) still gives its slot back when it is collected.
+        self.release()
+
+    async def __aenter__(self) -> Ticket:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
