@@ -66,6 +66,26 @@ class Settings(BaseSettings):
     min_pixels: int = Field(512 * 512, ge=1024)
     max_pixels: int = Field(2048 * 2048, ge=1024)
 
+    # --- auth and limits (all off unless set) ---
+    api_keys: SecretStr | None = Field(None, description="comma-separated API keys (Bearer or X-API-Key)")
+    jwt_secret: SecretStr | None = Field(None, description="HS256 secret for JWT bearer tokens")
+    jwt_public_key: str | None = Field(None, description="RS256 public key for JWTs: PEM text or a file path")
+    jwt_jwks_file: str | None = Field(None, description="a JWKS file of RS256 public keys")
+    jwt_audience: str | None = Field(None, description="required JWT aud")
+    jwt_issuer: str | None = Field(None, description="required JWT iss")
+    allowed_ips: str | None = Field(None, description="client IP allowlist, comma-separated CIDRs")
+    trusted_proxies: str | None = Field(None, description="CIDRs whose X-Forwarded-For is believed")
+    public_ready: bool = Field(True, description="/ready needs no credentials")
+    public_metrics: bool = Field(False, description="/metrics needs no credentials")
+    rate_limit: str | None = Field(None, description="per caller, e.g. 60/minute or 10/second;1000/hour")
+    rate_limit_storage: str = Field("memory://", description="memory:// or redis://host:6379 (shared)")
+
+    # --- image URLs (off unless an allowlist is set) ---
+    allowed_media_domains: str | None = Field(
+        None, description="hosts image URLs may be fetched from: example.com,*.cdn.example.com or *")
+    media_fetch_allow_private: bool = Field(False, description="also allow private-network hosts (on-prem)")
+    media_fetch_timeout: float = Field(10.0, gt=0, le=300, description="seconds per image fetch, redirects included")
+
     # --- admission and deadlines ---
     max_concurrency: int = Field(64, ge=1, le=100_000, description="requests in the engine at once")
     max_queue: int = Field(256, ge=0, le=1_000_000, description="requests waiting; beyond that, 503 at once")

@@ -157,7 +157,7 @@ def test_chat_shape_errors(rapid_server, card_url):
     multi = post({"messages": [*_messages(url, "hi"), {"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]})
     assert multi.status_code == 400 and "multi-turn" in multi.json()["error"]["message"]
     remote = post({"messages": _messages("http://169.254.169.254/latest/meta-data", "hi")})
-    assert remote.status_code == 400 and "data URL" in remote.json()["error"]["message"]
+    assert remote.status_code == 400 and "data URL" in remote.json()["error"]["message"]  # URLs are off
     bad_part = post({"messages": [{"role": "user", "content": [{"type": "video", "video": "x"}]}]})
     assert bad_part.status_code == 400
     bad_b64 = post({"messages": _messages("data:image/png;base64,@@@", "hi")})
@@ -184,3 +184,44 @@ def test_prompts_the_cpu_engine_cannot_follow_still_get_the_text(client, card_ur
     r = client.chat.completions.create(model="m", messages=_messages(url, prompt))
     assert r.model_extra["hyocr"]["task"] == "text"
     assert "JOHNSMITH" in squash(r.choices[0].message.content)
+
+
+def test_image_urls_are_fetched_only_from_allowed_hosts(fake_server_factory):
+    """URL inputs end to end: off by default; on with an allowlist (private hosts allowed here because
+    the image server is on loopback)."""
+    import http.server
+    import threading
+
+    png = card().png()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(png)))
+            self.end_headers()
+            self.wfile.write(png)
+
+        def log_message(self, *args):
+            pass
+
+    images = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=images.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{images.server_address[1]}/card.png"
+    try:
+        closed = fake_server_factory()
+        r = requests.post(f"{closed.url}/v1/ocr", json={"image": url, "task": "text"}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "url_inputs_disabled"
+        public_only = fake_server_factory(allowed_media_domains="127.0.0.1")
+        r = requests.post(f"{public_only.url}/v1/ocr", json={"image": url, "task": "text"}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "url_not_allowed"
+        open_ = fake_server_factory(allowed_media_domains="127.0.0.1", media_fetch_allow_private=True)
+        r = requests.post(f"{open_.url}/v1/ocr", json={"image": url, "task": "text"}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert (r.json()["pages"][0]["width"], r.json()["pages"][0]["height"]) == (1024, 640)
+        chat = open_.url + "/v1/chat/completions"
+        body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                           {"type": "text", "text": "hi"}]}]}
+        assert requests.post(chat, json=body, timeout=30).status_code == 200
+    finally:
+        images.shutdown()

@@ -43,11 +43,7 @@ def _media_from_url(url: str, param: str) -> MediaInput:
     if url[:5].lower() == "data:":
         return MediaInput(url, param=param)
     if url[:7].lower() in ("http://", "https:/"):
-        raise InvalidRequest(
-            "image URLs are not fetched by this server; send the image as a data URL "
-            "(data:image/png;base64,...)",
-            param=param,
-        )
+        return MediaInput(url, param=param, url=True)  # fetched only if the server allows URLs
     # Bare base64 is common in hand-written clients; accept it.
     return MediaInput(url, param=param)
 
@@ -138,7 +134,7 @@ def completion_call(req: CompletionRequest, settings: Settings) -> OcrCall:
     if req.suffix:
         raise InvalidRequest("suffix is not supported", param="suffix")
     images = ([req.image] if req.image else []) + list(req.images or [])
-    media = [MediaInput(img, param="image" if i == 0 and req.image else f"images.{i}") for i, img in enumerate(images)]
+    media = [_media_from_url(img, "image" if i == 0 and req.image else f"images.{i}") for i, img in enumerate(images)]
     return prompt_call(prompt, media, sampling_from(req, settings), model=req.model)
 
 
@@ -152,8 +148,8 @@ def ocr_call(
     refuse_engine_overrides(req)
     media = list(uploads or [])
     if req.image:
-        media.append(MediaInput(req.image, param="image"))
-    media += [MediaInput(img, param=f"images.{i}") for i, img in enumerate(req.images or [])]
+        media.append(_media_from_url(req.image, "image"))
+    media += [_media_from_url(img, f"images.{i}") for i, img in enumerate(req.images or [])]
     fields = req.fields
     if isinstance(fields, str):  # form field "name,date" or a JSON list in a string
         fields = [f for f in (s.strip().strip("'\"[]") for s in fields.split(",")) if f]

@@ -35,6 +35,7 @@ from ..types import (
 )
 from . import fields as extraction
 from .admission import Admission, Ticket
+from .fetch import FetchPolicy, fetch_image
 from . import postprocess
 from .media import MediaLimits, decode_base64, load_image
 from .tasks import build_prompt
@@ -49,6 +50,7 @@ class MediaInput:
 
     data: bytes | str
     param: str = "image"  # where it came from, for error messages
+    url: bool = False  # data is an http(s) URL to fetch (only when the server allows URLs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,7 @@ class OcrService:
         loop_guard: bool = True,
         admission: Admission | None = None,
         request_timeout: float = 300.0,
+        fetch_policy: FetchPolicy | None = None,
     ) -> None:
         self.engine = engine
         self.limits = limits or MediaLimits()
@@ -106,6 +109,7 @@ class OcrService:
         self.loop_guard = loop_guard
         self.admission = admission or Admission(max_concurrency=64, max_queue=256)
         self.request_timeout = request_timeout
+        self.fetch_policy = fetch_policy or FetchPolicy(())
 
     @classmethod
     def from_settings(cls, engine: Engine, settings) -> OcrService:
@@ -118,6 +122,7 @@ class OcrService:
             loop_guard=settings.loop_guard,
             admission=Admission(settings.max_concurrency, settings.max_queue),
             request_timeout=settings.request_timeout,
+            fetch_policy=FetchPolicy.from_settings(settings),
         )
 
     @property
@@ -134,14 +139,19 @@ class OcrService:
 
     async def ocr(self, call: OcrCall, *, request_id: str | None = None) -> OcrResult:
         async with await self.admission.acquire():
-            prep = await self.prepare(call, request_id=request_id)
-            return await self._within_deadline(self.run(prep))
+            return await self._within_deadline(self._prepare_and_run(call, request_id))
+
+    async def _prepare_and_run(self, call: OcrCall, request_id: str | None) -> OcrResult:
+        return await self.run(await self.prepare(call, request_id=request_id))
 
     async def generate_text(self, call: OcrCall, *, request_id: str) -> tuple[Prepared, str, EngineChunk]:
         async with await self.admission.acquire():
-            prep = await self.prepare(call, request_id=request_id)
-            text, final = await self._within_deadline(self.complete(prep))
-            return prep, text, final
+            return await self._within_deadline(self._prepare_and_complete(call, request_id))
+
+    async def _prepare_and_complete(self, call: OcrCall, request_id: str) -> tuple[Prepared, str, EngineChunk]:
+        prep = await self.prepare(call, request_id=request_id)
+        text, final = await self.complete(prep)
+        return prep, text, final
 
     async def open_stream(
         self, call: OcrCall, *, request_id: str
@@ -217,7 +227,13 @@ class OcrService:
                 prompt_language=call.prompt_language or self.prompt_language,
             )
         started = time.perf_counter()
-        pages = await asyncio.to_thread(self._decode_all, call.media)
+        media = call.media
+        if any(m.url for m in media):
+            fetched = await asyncio.gather(*(
+                fetch_image(m.data, self.fetch_policy, param=m.param) if m.url else _same(m.data) for m in media
+            ))
+            media = tuple(MediaInput(data, m.param) for data, m in zip(fetched, media, strict=True))
+        pages = await asyncio.to_thread(self._decode_all, media)
         return Prepared(
             request_id=request_id or f"ocr-{uuid.uuid4().hex}",
             task=task,
@@ -446,3 +462,7 @@ def build_page(
         raw_text=raw,
         usage=usage,
     )
+
+
+async def _same(value: bytes | str) -> bytes | str:
+    return value
