@@ -4,6 +4,7 @@ scriptable fake engine standing in for a model. Nothing here claims OCR works: s
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import socket
 import time
@@ -158,3 +159,17 @@ def test_health_ready_and_unknown_routes(fake_server_factory):
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
     wrong_method = requests.get(f"{server.url}/v1/ocr", timeout=5)
     assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+
+
+def test_client_hanging_up_on_a_plain_request_aborts_engine_work(fake_server_factory):
+    """Non-streaming requests too: a client that times out and leaves stops costing engine time."""
+    engine = FakeEngine()
+    server = fake_server_factory(engine)
+    with contextlib.suppress(requests.Timeout):
+        requests.post(f"{server.url}/v1/ocr", json={"image": IMAGE, "task": "vqa", "question": "[[fake:hang]]"},
+                      timeout=0.5)
+    deadline = time.monotonic() + 5
+    while engine.active and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not engine.active and len(engine.aborted) == 1
+    assert requests.get(f"{server.url}/health", timeout=5).status_code == 200

@@ -10,6 +10,7 @@ from starlette.exceptions import HTTPException
 from ...errors import HyocrError, InvalidRequest, UnsupportedMediaType
 from ...pipeline.service import MediaInput
 from ..convert import ocr_call
+from ..disconnect import unless_disconnected
 from ..protocol import ErrorResponse, OcrJsonRequest, OcrResponse
 from ..render import ocr_body
 from .deps import service_of, settings_of
@@ -83,4 +84,4 @@ async def _parse(request: Request) -> tuple[OcrJsonRequest, list[MediaInput]]:
 async def ocr(request: Request) -> dict:
     body, uploads = await _parse(request)
     call = ocr_call(body, settings_of(request), uploads=uploads)
-    return ocr_body(await service_of(request).ocr(call))
+    return ocr_body(await unless_disconnected(request, service_of(request).ocr(call)))

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ...pipeline.service import Prepared
 from ...types import FinishReason
 from ..convert import chat_call, completion_call
+from ..disconnect import unless_disconnected
 from ..protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from ..render import hyocr_meta, openai_finish, sse_stream, usage_body
 from .deps import service_of, settings_of
@@ -61,7 +62,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={**_SSE_HEADERS, **_task_headers(prep)})
 
-    prep, text, final = await service.generate_text(call, request_id=request_id)
+    prep, text, final = await unless_disconnected(request, service.generate_text(call, request_id=request_id))
     created, model = int(time.time()), service.model_for(prep)
     return _json(
         {
@@ -112,7 +113,7 @@ async def completions(body: CompletionRequest, request: Request):
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={**_SSE_HEADERS, **_task_headers(prep)})
 
-    prep, text, final = await service.generate_text(call, request_id=request_id)
+    prep, text, final = await unless_disconnected(request, service.generate_text(call, request_id=request_id))
     created, model = int(time.time()), service.model_for(prep)
     return _json(
         {

@@ -1,0 +1,175 @@
+"""hyocr.client against real servers on loopback: real OCR with rapidocr, the serving behaviours with the
+scriptable fake engine, and a scripted HTTP server for what the fake engine cannot do (503s)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+from imaging import card, overlap, squash
+
+from hyocr.client import AsyncHyocrClient, BadRequest, ConnectionFailed, HyocrClient, ServerError, Timeout
+
+
+def test_ocr_reads_the_card_with_pixel_boxes(rapid_server, tmp_path):
+    rendered = card()
+    path = tmp_path / "card.png"
+    path.write_bytes(rendered.png())
+    with HyocrClient(rapid_server.url, timeout=30) as client:
+        result = client.ocr(path)  # a path: uploaded as multipart
+        assert client.health() and client.ready()
+        assert client.models()[0]["id"] == result.model
+    assert (result.engine, result.task, result.requested_task) == ("rapidocr", "spotting", "spotting")
+    page = result.pages[0]
+    assert (page.width, page.height) == rendered.image.size and page.finish_reason == "stop"
+    for line, drawn in zip(rendered.lines, rendered.boxes, strict=True):
+        assert squash(line.text) in squash(result.text)
+        hits = [b for b in page.blocks if overlap(b.box, drawn) > 0.6]
+        assert hits and squash(line.text) in squash(" ".join(b.text for b in hits)), (line, page.blocks)
+        assert all(0 <= b.score <= 1 and len(b.polygon) == 4 for b in hits)
+    assert result.raw["pages"][0]["blocks"][0]["text"] == page.blocks[0].text
+
+
+def test_bad_file_is_a_bad_request_with_message_and_param(rapid_server):
+    with HyocrClient(rapid_server.url, timeout=30) as client, pytest.raises(BadRequest) as info:
+        client.ocr(b"hello, I am text")
+    err = info.value
+    assert (err.status, err.code, err.param) == (400, "invalid_image", "file")
+    assert err.type == "invalid_request_error"
+    assert "not a recognised image" in err.message and err.attempts == 1
+    assert err.request_id and err.request_id.endswith(".1")  # the id we sent, honoured by the server
+
+
+def test_unsupported_task_on_rapidocr_is_a_bad_request(rapid_server):
+    with HyocrClient(rapid_server.url, timeout=30) as client, pytest.raises(BadRequest) as info:
+        client.ocr(card().png(), task="document")
+    assert info.value.code == "unsupported_task" and info.value.param == "task"
+    assert "rapidocr" in info.value.message
+
+
+def test_engine_failure_is_a_server_error_and_not_retried(fake_server_factory):
+    server = fake_server_factory()
+    with HyocrClient(server.url) as client, pytest.raises(ServerError) as info:
+        client.ocr(card().png(), task="vqa", question="[[fake:fail]]")
+    assert info.value.status == 500 and info.value.type == "engine_error" and info.value.attempts == 1
+    assert len(server.engine.requests) == 1  # a 500 may have done work: never repeated
+
+
+def test_timeout_after_every_attempt(fake_server_factory):
+    server = fake_server_factory()
+    started = time.monotonic()
+    with HyocrClient(server.url, timeout=0.5, backoff=0.05) as client, pytest.raises(Timeout) as info:
+        client.ocr(card().png(), task="vqa", question="[[fake:delay=1]]")
+    elapsed = time.monotonic() - started
+    assert info.value.attempts == 3 and len(server.engine.requests) == 3  # max_retries + 1
+    assert 1.5 <= elapsed < 3.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class CountingTransport(httpx.HTTPTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.attempts += 1
+        return super().handle_request(request)
+
+
+def test_connection_refused_is_retried_then_connection_failed():
+    transport = CountingTransport()
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    with HyocrClient(url, transport=transport, backoff=0.05) as client:
+        with pytest.raises(ConnectionFailed) as info:
+            client.ocr(b"img")
+        assert info.value.attempts == 3 == transport.attempts
+        assert time.monotonic() - started < 1.0
+        assert client.health() is False and client.ready() is False and transport.attempts == 5
+
+
+class Scripted(ThreadingHTTPServer):
+    """Answers POST /v1/ocr from a script of (status, headers, body); records the request headers."""
+
+    def __init__(self, script: list[tuple[int, dict[str, str], dict]]) -> None:
+        self.script, self.seen = script, []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                server.seen.append((time.monotonic(), dict(self.headers)))
+                status, headers, body = server.script.pop(0)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                for key, value in {**headers, "content-type": "application/json"}.items():
+                    self.send_header(key, value)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def scripted() -> Iterator:
+    servers: list[Scripted] = []
+
+    def make(script: list) -> Scripted:
+        server = Scripted(script)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+OCR_BODY = {
+    "id": "ocr-x", "object": "ocr.result", "created": 1, "model": "m", "engine": "e", "task": "text",
+    "requested_task": "text", "text": "OK", "usage": {}, "timings": {},
+    "pages": [{"index": 0, "width": 4, "height": 4, "text": "OK", "blocks": [], "finish_reason": "stop"}],
+}
+BUSY = (503, {"Retry-After": "1"}, {"error": {"message": "overloaded", "type": "service_unavailable",
+                                              "param": None, "code": None}})
+
+
+def test_503_with_retry_after_is_waited_out_then_succeeds(scripted):
+    server = scripted([BUSY, (200, {}, OCR_BODY)])
+    with HyocrClient(server.url) as client:
+        assert client.ocr(b"img").text == "OK"
+    (first, h1), (second, h2) = server.seen
+    assert 0.95 <= second - first < 2.0  # Retry-After: 1, honoured
+    assert h1["X-Request-ID"].removesuffix(".1") == h2["X-Request-ID"].removesuffix(".2")
+
+
+async def test_async_client_parity(fake_server_factory, scripted):
+    server = fake_server_factory()
+    png = card().png()
+    async with AsyncHyocrClient(server.url) as client:
+        assert await client.health() and await client.ready()
+        result = await client.ocr_many([png, png], task="extract", fields="name,id")
+        assert [p.fields for p in result.pages] == [{"name": "fake name", "id": "fake id"}] * 2
+        with pytest.raises(ServerError):
+            await client.ocr(png, task="vqa", question="[[fake:fail]]")
+        assert len(server.engine.requests) == 3  # two pages, then one failure not retried
+    busy = scripted([BUSY, (200, {}, OCR_BODY)])
+    async with AsyncHyocrClient(busy.url) as client:
+        assert (await client.ocr(png)).text == "OK" and len(busy.seen) == 2

@@ -1,0 +1,130 @@
+"""The gateway over real HTTP: API keys, JWT, IP allowlists, rate limits, admission control and
+request deadlines. The fake engine stands in for a model (latency and hangs are scripted)."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import time
+
+import jwt
+import pytest
+import requests
+from imaging import card
+
+from hyocr.api.security import key_id
+from hyocr.engines.fake import FakeEngine, FakeScript
+
+IMAGE = base64.b64encode(card().png()).decode()
+SECRET = "s3cret-for-tests-0123456789abcdef"
+
+
+def _ocr(server, headers=None, question="hi", **body):
+    payload = {"image": IMAGE, "task": "vqa", "question": question, **body}
+    return requests.post(f"{server.url}/v1/ocr", json=payload, headers=headers or {}, timeout=30)
+
+
+def _token(**claims) -> str:
+    return jwt.encode({"sub": "alice", "exp": int(time.time()) + 60, **claims}, SECRET, algorithm="HS256")
+
+
+def test_api_keys_guard_every_route_but_health(fake_server_factory):
+    server = fake_server_factory(api_keys="k-one,k-two", public_ready=False)
+    assert requests.get(f"{server.url}/health", timeout=5).status_code == 200
+    for path in ("/ready", "/v1/models", "/docs", "/openapi.json"):
+        r = requests.get(server.url + path, timeout=5)
+        assert r.status_code == 401, path
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        assert r.json()["error"]["type"] == "authentication_error"
+    assert _ocr(server).status_code == 401
+    assert _ocr(server, {"Authorization": "Bearer wrong"}).json()["error"]["code"] == "invalid_api_key"
+    assert _ocr(server, {"Authorization": "Bearer k-two"}).status_code == 200
+    assert _ocr(server, {"X-API-Key": "k-one"}).status_code == 200
+    assert requests.get(f"{server.url}/v1/models", headers={"Authorization": "Bearer k-one"}, timeout=5).ok
+
+
+def test_jwt_tokens_are_verified(fake_server_factory):
+    server = fake_server_factory(jwt_secret=SECRET, jwt_audience="hyocr", jwt_issuer="https://idp.test")
+    good = _token(aud="hyocr", iss="https://idp.test")
+    assert _ocr(server, {"Authorization": f"Bearer {good}"}).status_code == 200
+    bad = {
+        "expired": _token(aud="hyocr", iss="https://idp.test", exp=int(time.time()) - 10),
+        "wrong audience": _token(aud="other", iss="https://idp.test"),
+        "wrong issuer": _token(aud="hyocr", iss="https://evil.test"),
+        "no exp": jwt.encode({"sub": "x", "aud": "hyocr", "iss": "https://idp.test"}, SECRET, algorithm="HS256"),
+        "wrong key": jwt.encode({"sub": "x", "aud": "hyocr", "iss": "https://idp.test",
+                                 "exp": int(time.time()) + 60}, "another-secret-0123456789abcdefgh", algorithm="HS256"),
+        "alg none": jwt.encode({"sub": "x", "aud": "hyocr", "iss": "https://idp.test",
+                                "exp": int(time.time()) + 60}, None, algorithm="none"),
+    }
+    for name, token in bad.items():
+        assert _ocr(server, {"Authorization": f"Bearer {token}"}).status_code == 401, name
+
+
+def test_ip_allowlist_gives_403_to_a_valid_key_from_elsewhere(fake_server_factory):
+    outside = fake_server_factory(api_keys="k", allowed_ips="10.0.0.0/8")
+    r = _ocr(outside, {"Authorization": "Bearer k"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "ip_not_allowed"
+    assert _ocr(outside).status_code == 401  # no identity: 401 first
+    inside = fake_server_factory(api_keys="k", allowed_ips="127.0.0.0/8")
+    assert _ocr(inside, {"Authorization": "Bearer k"}).status_code == 200
+
+
+def test_forwarded_for_is_believed_only_from_trusted_proxies(fake_server_factory):
+    spoofed = {"X-Forwarded-For": "10.1.2.3"}
+    untrusted = fake_server_factory(allowed_ips="10.0.0.0/8")
+    assert _ocr(untrusted, spoofed).status_code == 403  # a client can't claim an address
+    behind_proxy = fake_server_factory(allowed_ips="10.0.0.0/8", trusted_proxies="127.0.0.1/32")
+    assert _ocr(behind_proxy, spoofed).status_code == 200
+    assert _ocr(behind_proxy, {"X-Forwarded-For": "192.168.1.1"}).status_code == 403
+
+
+def test_rate_limit_per_key_with_retry_after(fake_server_factory):
+    server = fake_server_factory(api_keys="a,b", rate_limit="3/minute")
+    codes = [_ocr(server, {"Authorization": "Bearer a"}).status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]
+    limited = _ocr(server, {"Authorization": "Bearer a"})
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    assert limited.json()["error"]["type"] == "rate_limit_error"
+    assert _ocr(server, {"Authorization": "Bearer b"}).status_code == 200  # another key has its own budget
+    assert requests.get(f"{server.url}/health", timeout=5).status_code == 200  # never limited
+
+
+def test_admission_sheds_excess_at_once_and_recovers(fake_server_factory):
+    engine = FakeEngine(FakeScript(latency=1.0))
+    server = fake_server_factory(engine, max_concurrency=2, max_queue=2)
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        started = time.monotonic()
+        futures = [pool.submit(_ocr, server) for _ in range(12)]
+        results = [(f.result().status_code, f.result().headers.get("retry-after")) for f in futures]
+    codes = sorted(code for code, _ in results)
+    assert codes.count(200) == 4 and codes.count(503) == 8  # 2 running + 2 queued; the rest shed
+    assert all(ra == "1" for code, ra in results if code == 503)
+    assert len(engine.requests) == 4  # shed requests never reached the engine (nor the decoder)
+    assert time.monotonic() - started < 4
+    assert _ocr(server).status_code == 200  # capacity is back
+
+
+def test_deadline_is_a_504_and_aborts_the_engine(fake_server_factory):
+    engine = FakeEngine()
+    server = fake_server_factory(engine, request_timeout=0.5)
+    started = time.monotonic()
+    r = _ocr(server, question="[[fake:hang]]")
+    assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+    assert time.monotonic() - started < 3
+    assert engine.aborted and not engine.active
+    stream = requests.post(f"{server.url}/v1/chat/completions", timeout=30, json={"stream": True, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + IMAGE}},
+                                     {"type": "text", "text": "[[fake:hang]]"}]}]})
+    events = [line for line in stream.text.splitlines() if line]
+    assert "timeout_error" in events[-2] and events[-1] == "data: [DONE]"
+    assert _ocr(server).status_code == 200
+
+
+@pytest.mark.parametrize("header", ["Authorization", "X-API-Key"])
+def test_keys_never_appear_in_responses(fake_server_factory, header):
+    server = fake_server_factory(api_keys="super-secret-key")
+    value = "Bearer super-secret-key" if header == "Authorization" else "super-secret-key"
+    r = _ocr(server, {header: value})
+    assert r.status_code == 200 and "super-secret-key" not in r.text
+    assert key_id("super-secret-key").startswith("key-") and "super" not in key_id("super-secret-key")
