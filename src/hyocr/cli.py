@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the HTTP API (OpenAI-compatible and /v1/ocr)")
     _settings_flags(serve)
 
+    ui = sub.add_parser("ui", help="serve the web UI (with the API) on port 7860: http://127.0.0.1:7860/ui")
+    ui.add_argument("--port", type=int, default=7860, help="[default: 7860]")
+    _settings_flags(ui, skip=("ui", "port"))
+    ui.set_defaults(ui=True)
+
     ocr = sub.add_parser("ocr", help="recognise text in image files, in-process (no server)")
     ocr.add_argument("files", nargs="+", type=Path, metavar="FILE")
     ocr.add_argument("--task", default="spotting", help=TASK_HELP)
@@ -65,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     ocr.add_argument("--language", default="en", help="translation target for --task translate: en | zh")
     ocr.add_argument("--question", help="the question for --task vqa")
     ocr.add_argument("--json", action="store_true", help="print the full JSON result")
-    _settings_flags(ocr, skip=("host", "port", "drain_timeout"))
+    _settings_flags(ocr, skip=("host", "port", "drain_timeout", "ui"))
 
     bench = sub.add_parser("bench", help="load-test a running server (OpenAI chat API) and report")
     bench.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
@@ -104,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(args)
     try:
         settings = _settings(args)
-        _setup_logging(settings.log_level if args.command == "serve" else "warning")
-        if args.command == "serve":
+        _setup_logging(settings.log_level if args.command in ("serve", "ui") else "warning")
+        if args.command in ("serve", "ui"):
             return serve(settings)
         return run_ocr(args, settings)
     except SettingsError as exc:
@@ -130,6 +135,9 @@ def serve(settings: Settings) -> int:
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=settings.drain_timeout,
+        # hyocr believes X-Forwarded-For only from HYOCR_TRUSTED_PROXIES (api/security.py); uvicorn's
+        # own proxy handling would rewrite the client address before hyocr could judge it.
+        proxy_headers=False,
     )
     return 0
 

@@ -20,6 +20,8 @@ from ..engines.registry import create_engine
 from ..pipeline.service import OcrService
 from .errors import install_error_handlers
 from .limits import BodyLimitMiddleware, RequestIdMiddleware
+from .ratelimit import RateLimiter, RateLimitMiddleware
+from .security import AuthMiddleware, AuthPolicy
 from .routes import health, ocr, openai
 
 log = logging.getLogger("hyocr")
@@ -48,11 +50,14 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             app.state.engine_started = False
             await engine.stop()
 
-    # Outermost first: every response gets a request id, then oversized bodies are refused.
-    middleware = [
-        Middleware(RequestIdMiddleware),
-        Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
-    ]
+    # Outermost first: every response gets a request id; then who is calling (401/403), how often
+    # (429), and how much they send (413) are settled before any route reads the body.
+    policy = AuthPolicy.from_settings(settings)
+    middleware = [Middleware(RequestIdMiddleware), Middleware(AuthMiddleware, policy=policy)]
+    if settings.rate_limit:
+        limiter = RateLimiter(settings.rate_limit, settings.rate_limit_storage)
+        middleware.append(Middleware(RateLimitMiddleware, limiter=limiter, public_paths=policy.public_paths))
+    middleware.append(Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes))
     app = FastAPI(
         title="hyocr",
         version=__version__,
@@ -67,4 +72,8 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     install_error_handlers(app)
     for router in (health.router, ocr.router, openai.router):
         app.include_router(router)
+    if settings.ui:
+        from ..ui.app import mount_ui  # imports Gradio, only when the UI is on
+
+        mount_ui(app, service, settings)
     return app
