@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     ocr.add_argument("--language", default="en", help="translation target for --task translate: en | zh")
     ocr.add_argument("--question", help="the question for --task vqa")
     ocr.add_argument("--json", action="store_true", help="print the full JSON result")
+    ocr.add_argument("--url", help="send the files to a running hyocr server instead of running in-process")
+    ocr.add_argument("--api-key", dest="api_key", help="--url: the server's API key (or HYOCR_CLIENT_API_KEY)")
+    ocr.add_argument("--timeout", type=float, default=3.0, help="--url: seconds per attempt (default 3)")
     _settings_flags(ocr, skip=("host", "port", "drain_timeout", "ui"))
 
     bench = sub.add_parser("bench", help="load-test a running server (OpenAI chat API) and report")
@@ -95,10 +98,10 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(**{k: getattr(args, k, None) for k in Settings.model_fields})
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    from .observability.logs import setup_logging
+
+    setup_logging(level, fmt)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(args)
     try:
         settings = _settings(args)
-        _setup_logging(settings.log_level if args.command in ("serve", "ui") else "warning")
+        serving = args.command in ("serve", "ui")
+        _setup_logging(settings.log_level if serving else "warning", settings.log_format if serving else "text")
         if args.command in ("serve", "ui"):
             return serve(settings)
         return run_ocr(args, settings)
@@ -134,6 +138,8 @@ def serve(settings: Settings) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # keep the handlers set up above (JSON lines)
+        access_log=False,  # hyocr writes its own access line (observability/logs.py)
         timeout_graceful_shutdown=settings.drain_timeout,
         # hyocr believes X-Forwarded-For only from HYOCR_TRUSTED_PROXIES (api/security.py); uvicorn's
         # own proxy handling would rewrite the client address before hyocr could judge it.
@@ -142,7 +148,38 @@ def serve(settings: Settings) -> int:
     return 0
 
 
+def run_remote_ocr(args: argparse.Namespace) -> int:
+    """``hyocr ocr FILE... --url URL``: the same command through the Python client."""
+    import os
+
+    from .client import HyocrClient, HyocrClientError
+
+    fields = [f.strip() for f in (args.fields or "").split(",") if f.strip()] or None
+    key = args.api_key or os.environ.get("HYOCR_CLIENT_API_KEY")
+    failures, bodies = 0, []
+    with HyocrClient(args.url, api_key=key, timeout=args.timeout) as client:
+        for path in args.files:
+            try:
+                result = client.ocr(path, task=args.task, fields=fields, language=args.language,
+                                    question=args.question)
+            except (HyocrClientError, OSError) as exc:
+                print(f"hyocr: {path}: {exc}", file=sys.stderr)
+                failures += 1
+                continue
+            if args.json:
+                bodies.append({"file": str(path), **result.raw})
+            else:
+                if len(args.files) > 1:
+                    print(f"== {path} ==")
+                print(_human(result.raw))
+    if args.json and bodies:
+        print(json.dumps(bodies[0] if len(args.files) == 1 else bodies, ensure_ascii=False, indent=2))
+    return 1 if failures else 0
+
+
 def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
+    if args.url:
+        return run_remote_ocr(args)
     from .api.render import ocr_body
     from .engines.registry import create_engine
     from .errors import HyocrError

@@ -23,6 +23,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = Field("json", description="server logs: JSON lines or plain text")
     drain_timeout: float = Field(30.0, ge=0, le=3600, description="seconds to finish in-flight work on SIGTERM")
     ui: bool = Field(True, description="serve the web UI at /ui")
 

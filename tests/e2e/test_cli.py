@@ -70,10 +70,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_process_answers_then_stops_cleanly_on_sigterm():
+def test_serve_process_answers_then_stops_cleanly_on_sigterm(tmp_path):
     port = _free_port()
     proc = subprocess.Popen([*HYOCR, "serve", "--port", str(port)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "HYOCR_API_KEYS": "k-e2e"})
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -85,8 +85,18 @@ def test_serve_process_answers_then_stops_cleanly_on_sigterm():
                 pass
             assert time.monotonic() < deadline, "server never became ready"
             time.sleep(0.2)
-        r = requests.post(f"http://127.0.0.1:{port}/v1/ocr", files={"file": ("c.png", card().png())}, timeout=60)
+        r = requests.post(f"http://127.0.0.1:{port}/v1/ocr", files={"file": ("c.png", card().png())},
+                          headers={"Authorization": "Bearer k-e2e"}, timeout=60)
         assert r.status_code == 200 and "JOHNSMITH" in squash(r.json()["text"])
+        # the same through the CLI's client mode
+        path = tmp_path / "card.png"
+        card().image.save(path)
+        url = f"http://127.0.0.1:{port}"
+        remote = _run("ocr", str(path), "--url", url, "--api-key", "k-e2e", "--timeout", "60", "--json")
+        assert remote.returncode == 0, remote.stderr
+        assert "JOHNSMITH" in squash(json.loads(remote.stdout)["text"])
+        denied = _run("ocr", str(path), "--url", url)
+        assert denied.returncode == 1 and "401" in denied.stderr and "Traceback" not in denied.stderr
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)

@@ -128,3 +128,25 @@ def test_keys_never_appear_in_responses(fake_server_factory, header):
     r = _ocr(server, {header: value})
     assert r.status_code == 200 and "super-secret-key" not in r.text
     assert key_id("super-secret-key").startswith("key-") and "super" not in key_id("super-secret-key")
+
+
+def test_one_access_log_line_per_request_without_secrets_or_content(fake_server_factory, caplog):
+    import logging
+
+    server = fake_server_factory(api_keys="log-secret-key")
+    with caplog.at_level(logging.INFO, logger="hyocr.access"):
+        r = _ocr(server, {"Authorization": "Bearer log-secret-key", "X-Request-ID": "trace-42"},
+                 question="what is the CONFIDENTIAL total?")
+        assert r.status_code == 200
+        assert _ocr(server, {"Authorization": "Bearer nope"}).status_code == 401
+        deadline = time.monotonic() + 5
+        while len([rec for rec in caplog.records if rec.name == "hyocr.access"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    lines = [rec.fields for rec in caplog.records if rec.name == "hyocr.access"]
+    ok = next(line for line in lines if line["request_id"] == "trace-42")
+    assert ok["principal"] == key_id("log-secret-key") and ok["status"] == 200 and ok["route"] == "/v1/ocr"
+    assert ok["image_bytes"] > 0 and ok["image_pixels"] == 1024 * 640 and ok["output_tokens"] > 0
+    assert {"decode_ms", "engine_ms", "duration_ms"} <= set(ok)
+    assert any(line["status"] == 401 and line["principal"] is None for line in lines)
+    text = caplog.text + " ".join(str(line) for line in lines)
+    assert "log-secret-key" not in text and "CONFIDENTIAL" not in text

@@ -19,6 +19,7 @@ from ..engines.base import Engine
 from ..engines.registry import create_engine
 from ..pipeline.service import OcrService
 from .errors import install_error_handlers
+from ..observability.logs import AccessLogMiddleware
 from .limits import BodyLimitMiddleware, RequestIdMiddleware
 from .ratelimit import RateLimiter, RateLimitMiddleware
 from .security import AuthMiddleware, AuthPolicy
@@ -53,7 +54,11 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     # Outermost first: every response gets a request id; then who is calling (401/403), how often
     # (429), and how much they send (413) are settled before any route reads the body.
     policy = AuthPolicy.from_settings(settings)
-    middleware = [Middleware(RequestIdMiddleware), Middleware(AuthMiddleware, policy=policy)]
+    middleware = [
+        Middleware(RequestIdMiddleware),
+        Middleware(AccessLogMiddleware),
+        Middleware(AuthMiddleware, policy=policy),
+    ]
     if settings.rate_limit:
         limiter = RateLimiter(settings.rate_limit, settings.rate_limit_storage)
         middleware.append(Middleware(RateLimitMiddleware, limiter=limiter, public_paths=policy.public_paths))

@@ -34,6 +34,7 @@ from ..types import (
     Usage,
 )
 from . import fields as extraction
+from ..observability.logs import record
 from .admission import Admission, Ticket
 from .fetch import FetchPolicy, fetch_image
 from . import postprocess
@@ -183,6 +184,9 @@ class OcrService:
                     return
                 except TimeoutError:
                     raise GatewayTimeout(f"the request took longer than {self.request_timeout:g}s") from None
+                if chunk.finish_reason is not None:
+                    record(prompt_tokens=chunk.prompt_tokens, output_tokens=chunk.completion_tokens,
+                           finish_reason=chunk.finish_reason.value)
                 yield chunk
         finally:
             await chunks.aclose()
@@ -234,6 +238,8 @@ class OcrService:
             ))
             media = tuple(MediaInput(data, m.param) for data, m in zip(fetched, media, strict=True))
         pages = await asyncio.to_thread(self._decode_all, media)
+        record(images=len(pages), image_bytes=sum(p.source_bytes for p in pages),
+               image_pixels=sum(p.width * p.height for p in pages), task=task.value)
         return Prepared(
             request_id=request_id or f"ocr-{uuid.uuid4().hex}",
             task=task,
@@ -316,6 +322,7 @@ class OcrService:
         text, finish = cut_loops(
             "".join(parts), final.finish_reason or FinishReason.STOP, self.engine.info.follows_prompts
         )
+        record(prompt_tokens=final.prompt_tokens, output_tokens=final.completion_tokens, finish_reason=finish.value)
         return text, replace(final, finish_reason=finish)
 
     async def _guarded(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
@@ -354,6 +361,14 @@ class OcrService:
         usage = Usage()
         for r in results:
             usage = usage + r.usage
+        timings = {
+            "decode_ms": round(prep.decode_ms, 2),
+            "engine_ms": round((engine_done - started) * 1000 - post_ms, 2),
+            "postprocess_ms": round(post_ms, 2),
+            "total_ms": round(prep.decode_ms + (engine_done - started) * 1000, 2),
+        }
+        record(prompt_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
+               **{k: v for k, v in timings.items() if k != "total_ms"})
         return OcrResult(
             id=prep.request_id,
             model=self.model_for(prep),
@@ -362,12 +377,7 @@ class OcrService:
             requested_task=prep.requested_task,
             pages=results,
             usage=usage,
-            timings={
-                "decode_ms": round(prep.decode_ms, 2),
-                "engine_ms": round((engine_done - started) * 1000 - post_ms, 2),
-                "postprocess_ms": round(post_ms, 2),
-                "total_ms": round(prep.decode_ms + (engine_done - started) * 1000, 2),
-            },
+            timings=timings,
         )
 
     async def _run_page(self, prep: Prepared, page: PageImage) -> tuple[PageResult, float]:

@@ -1,0 +1,96 @@
+"""Structured logs: one JSON line per request, and JSON for every other log line too.
+
+The access line carries the request id (``X-Request-ID``), the caller's identity as the auth
+middleware named it (a key digest, never the key), route, status, duration, and what the service
+recorded for the request: image bytes and pixels, tokens, stage timings. Never document content.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import sys
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# Filled by the service while it handles a request (image sizes, tokens, timings); read by the
+# access log when the response is done. A dict per request, shared with the tasks it spawns.
+request_stats: contextvars.ContextVar[dict | None] = contextvars.ContextVar("hyocr_request_stats", default=None)
+access_log = logging.getLogger("hyocr.access")
+
+
+def record(**values: object) -> None:
+    """Add figures to the current request's access-log line (no-op outside a request)."""
+    stats = request_stats.get()
+    if stats is not None:
+        for key, value in values.items():
+            if isinstance(value, (int, float)) and isinstance(stats.get(key), (int, float)):
+                stats[key] += value  # pages of one request add up
+            else:
+                stats[key] = value
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info).splitlines()[-1]
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def setup_logging(level: str, fmt: str = "json") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
+
+
+class AccessLogMiddleware:
+    """Outermost but one (inside the request id): sees every response, including refusals."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        stats: dict = {}
+        token = request_stats.set(stats)
+        status = [500]
+
+        async def send_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            request_stats.reset(token)
+            state = scope.get("state", {})
+            route = scope.get("route")
+            fields = {
+                "request_id": state.get("request_id"),
+                "principal": state.get("principal"),
+                "method": scope.get("method"),
+                "route": getattr(route, "path", None) or scope.get("path", "")[:100],
+                "status": status[0],
+                "duration_ms": round((time.perf_counter() - started) * 1000, 1),
+                **stats,
+            }
+            access_log.info("request", extra={"fields": fields})
