@@ -103,3 +103,35 @@ def test_serve_process_answers_then_stops_cleanly_on_sigterm(tmp_path):
     log = proc.stdout.read()
     assert code == 0, log
     assert "engine rapidocr ready" in log
+
+
+def test_sigterm_under_load_finishes_in_flight_requests_then_exits_0():
+    import concurrent.futures
+
+    port = _free_port()
+    proc = subprocess.Popen([*HYOCR, "serve", "--port", str(port), "--engine", "fake", "--model", "latency=1.5",
+                             "--no-ui"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if requests.get(f"{url}/ready", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        body = {"image": "data:image/png;base64," + __import__("base64").b64encode(card().png()).decode(),
+                "task": "text"}
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(requests.post, f"{url}/v1/ocr", json=body, timeout=30) for _ in range(6)]
+            time.sleep(0.5)  # all six are in the engine now
+            proc.send_signal(signal.SIGTERM)
+            codes = [f.result().status_code for f in futures]
+        assert codes == [200] * 6  # nothing in flight was lost
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
