@@ -4,6 +4,7 @@ scriptable fake engine standing in for a model. Nothing here claims OCR works: s
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import json
 import socket
@@ -173,3 +174,35 @@ def test_client_hanging_up_on_a_plain_request_aborts_engine_work(fake_server_fac
         time.sleep(0.05)
     assert not engine.active and len(engine.aborted) == 1
     assert requests.get(f"{server.url}/health", timeout=5).status_code == 200
+
+
+def test_a_dead_engine_is_detected_in_flight_requests_fail_fast_and_it_is_restarted(fake_server_factory):
+    engine = FakeEngine(FakeScript(latency=0.2))
+    server = fake_server_factory(engine, request_timeout=60)
+    assert requests.get(f"{server.url}/ready", timeout=5).json()["restarts"] == 0
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(requests.post, f"{server.url}/v1/ocr",
+                                json={"image": IMAGE, "task": "vqa", "question": "[[fake:hang]]"}, timeout=30)
+        time.sleep(0.3)
+        engine.kill()  # the engine process "dies" with a request in it
+        started = time.monotonic()
+        r = in_flight.result()
+    assert r.status_code in (500, 503) and "error" in r.json()  # a JSON error within seconds, not a hang
+    assert time.monotonic() - started < 5
+    deadline = time.monotonic() + 10
+    while requests.get(f"{server.url}/ready", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "the engine was not restarted"
+        time.sleep(0.1)
+    assert engine.starts == 2 and requests.get(f"{server.url}/ready", timeout=5).json()["restarts"] == 1
+    assert requests.post(f"{server.url}/v1/ocr", json={"image": IMAGE, "task": "text"}, timeout=30).status_code == 200
+
+
+def test_a_stalled_engine_is_restarted_by_the_watchdog(fake_server_factory):
+    engine = FakeEngine()
+    server = fake_server_factory(engine, request_timeout=60, stall_timeout=1.0)
+    started = time.monotonic()
+    r = requests.post(f"{server.url}/v1/ocr", json={"image": IMAGE, "task": "vqa", "question": "[[fake:hang]]"},
+                      timeout=30)
+    assert r.status_code in (500, 503) and time.monotonic() - started < 6  # not the 60 s deadline
+    assert engine.starts == 2
+    assert requests.post(f"{server.url}/v1/ocr", json={"image": IMAGE, "task": "text"}, timeout=30).status_code == 200

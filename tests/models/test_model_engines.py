@@ -177,8 +177,9 @@ def test_a_checkpoint_in_a_subfolder_is_served_and_reported(tiny_checkpoint, tmp
         server.stop()
 
 
-def test_engine_death_is_detected_and_requests_fail_fast(vllm_server):
-    """Runs last (it kills the session's vLLM engine): readiness goes false, requests get a 503."""
+def test_engine_death_is_detected_requests_fail_fast_and_it_is_restarted(vllm_server):
+    """Runs last (it kills the session's vLLM engine): readiness goes false, requests get a 503 at
+    once, and the supervisor starts a new engine that serves again."""
     import psutil
 
     cores = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in " ".join(p.cmdline() + [p.name()])]
@@ -193,3 +194,9 @@ def test_engine_death_is_detected_and_requests_fail_fast(vllm_server):
     r = requests.post(f"{vllm_server.url}/v1/chat/completions", json={"messages": _messages(), "max_tokens": 4}, timeout=30)
     assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
     assert time.monotonic() - started < 5
+    deadline = time.monotonic() + 240
+    while requests.get(f"{vllm_server.url}/ready", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "the vLLM engine was not restarted"
+        time.sleep(1)
+    r = _client(vllm_server).chat.completions.create(model="x", messages=_messages(), max_tokens=3)
+    assert r.usage.completion_tokens == 3

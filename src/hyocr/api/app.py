@@ -18,6 +18,7 @@ from ..config import Settings
 from ..engines.base import Engine
 from ..engines.registry import create_engine
 from ..pipeline.service import OcrService
+from ..pipeline.supervisor import EngineSupervisor
 from .errors import install_error_handlers
 from ..observability.logs import AccessLogMiddleware
 from .limits import BodyLimitMiddleware, RequestIdMiddleware
@@ -31,6 +32,7 @@ log = logging.getLogger("hyocr")
 def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     engine = engine or create_engine(settings)
     service = OcrService.from_settings(engine, settings)
+    supervisor = EngineSupervisor(engine, service, stall_timeout=settings.stall_timeout)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -45,10 +47,12 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             ",".join(sorted(t.value for t in engine.info.tasks)),
             engine.info.details or "",
         )
+        supervisor.start()
         try:
             yield
         finally:
             app.state.engine_started = False
+            await supervisor.stop()
             await engine.stop()
 
     # Outermost first: every response gets a request id; then who is calling (401/403), how often
@@ -72,6 +76,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.service = service
+    app.state.supervisor = supervisor
     app.state.engine_started = False
     app.state.started_at = int(time.time())
     install_error_handlers(app)

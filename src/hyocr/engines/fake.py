@@ -72,6 +72,9 @@ class FakeEngine(Engine):
             name="fake", model=model, tasks=ALL_TASKS, follows_prompts=True, max_images=8
         )
         self.started = False
+        self.crashed = False  # kill(): readiness fails, as a dead engine process would
+        self.starts = 0
+        self._stopped: asyncio.Event | None = None
         self.active: set[str] = set()  # request ids being generated now
         self.aborted: list[str] = []  # request ids whose consumer went away mid-stream
         self.completed: list[str] = []
@@ -82,13 +85,30 @@ class FakeEngine(Engine):
         return cls(FakeScript.parse(settings.model), model=settings.served_model_name or "fake-ocr")
 
     async def start(self) -> None:
-        self.started = True
+        self.started, self.crashed = True, False
+        self.starts += 1
+        self._stopped = asyncio.Event()
 
     async def stop(self) -> None:
+        """In-flight requests fail at once, as they do when a real engine is shut down."""
         self.started = False
+        if self._stopped is not None:
+            self._stopped.set()
 
     async def ready(self) -> bool:
-        return self.started
+        return self.started and not self.crashed
+
+    def kill(self) -> None:
+        """Simulate an engine process dying: readiness fails; requests hang until a restart."""
+        self.crashed = True
+
+    async def _wait_or_stopped(self, seconds: float | None) -> None:
+        stopped = self._stopped or asyncio.Event()
+        try:
+            await asyncio.wait_for(stopped.wait(), seconds)
+        except TimeoutError:
+            return
+        raise EngineError("the engine was stopped")
 
     def _script_for(self, prompt: str) -> FakeScript:
         script = self.script
@@ -108,18 +128,18 @@ class FakeEngine(Engine):
         done = False
         try:
             if script.latency:
-                await asyncio.sleep(script.latency)
+                await self._wait_or_stopped(script.latency)
             if script.fail:
                 raise EngineError("fake engine failure (scripted)")
-            if script.hang:
-                await asyncio.Event().wait()
+            if script.hang or self.crashed:
+                await self._wait_or_stopped(None)
             words = fake_output(request, loop=script.loop)
             count = 0
             for count, word in enumerate(words, start=1):
                 if count > 1 and script.fail_mid:
                     raise EngineError("fake engine failure mid-stream (scripted)")
                 if script.token_delay:
-                    await asyncio.sleep(script.token_delay)
+                    await self._wait_or_stopped(script.token_delay)
                 if count > max_tokens:
                     done = True
                     yield EngineChunk(

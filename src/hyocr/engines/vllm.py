@@ -110,7 +110,9 @@ class VllmEngine(Engine):
             self.engine_args.update(model=resolved, tokenizer=resolved)
             self.engine_args.pop("revision", None)
         args = AsyncEngineArgs(**supported_args(self.engine_args))
-        self.engine = AsyncLLM.from_engine_args(args)
+        # Building the engine blocks for tens of seconds (processes, weights, compilation): off the event
+        # loop, so a restart by the supervisor leaves /health, /ready and shedding responsive.
+        self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         self.tokenizer = self.engine.get_tokenizer()
         self._started = True
         self.info.details.update(vllm=__version__, backend=self.backend)
@@ -119,8 +121,8 @@ class VllmEngine(Engine):
 
     async def stop(self) -> None:
         if self.engine is not None:
-            self.engine.shutdown()
-            self.engine = None
+            engine, self.engine = self.engine, None
+            await asyncio.to_thread(engine.shutdown)
         self._started = False
 
     async def ready(self) -> bool:

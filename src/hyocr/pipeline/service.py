@@ -111,6 +111,7 @@ class OcrService:
         self.admission = admission or Admission(max_concurrency=64, max_queue=256)
         self.request_timeout = request_timeout
         self.fetch_policy = fetch_policy or FetchPolicy(())
+        self.last_progress = time.monotonic()  # when the engine last produced output (stall watchdog)
 
     @classmethod
     def from_settings(cls, engine: Engine, settings) -> OcrService:
@@ -336,6 +337,7 @@ class OcrService:
         stream = self.engine.generate(request)
         try:
             async for chunk in stream:
+                self.last_progress = time.monotonic()
                 if guard is not None and chunk.text and guard.feed(chunk.text):
                     yield replace(chunk, finish_reason=None)
                     yield EngineChunk(

@@ -18,6 +18,10 @@ async def health() -> dict:
 @router.get("/ready", summary="The engine is loaded and answering (503 otherwise)")
 async def ready(request: Request) -> JSONResponse:
     engine = service_of(request).engine
-    ok = bool(getattr(request.app.state, "engine_started", False)) and await engine.ready()
-    body = {"status": "ready" if ok else "unavailable", "engine": engine.info.name, "model": engine.info.model}
+    supervisor = request.app.state.supervisor
+    ok = bool(getattr(request.app.state, "engine_started", False)) and await supervisor.healthy()
+    body = {"status": "ready" if ok else "unavailable", "engine": engine.info.name, "model": engine.info.model,
+            "restarts": supervisor.restarts}
+    if not ok and supervisor.last_failure:
+        body["reason"] = "restarting" if supervisor.restarting else "engine unhealthy"
     return JSONResponse(body, status_code=200 if ok else 503)

@@ -1,0 +1,99 @@
+"""Engine supervision: notice an engine that died or stalled, and restart it.
+
+A health check that only says "the process is up" is how servers end up answering 200 on /health
+while every request fails. The supervisor probes the engine itself once a second (``engine.ready()``:
+vLLM's own dead-engine flag, the transformers worker thread, the upstream's /models), and watches
+progress: requests in flight but no token from the engine for ``stall_timeout`` seconds means a
+stalled engine. Either way, readiness goes false, the engine is stopped (in-flight requests fail at
+once with a JSON error instead of hanging) and started again, with backoff if that fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from ..engines.base import Engine
+
+log = logging.getLogger("hyocr.supervisor")
+
+
+class EngineSupervisor:
+    def __init__(self, engine: Engine, service, *, interval: float = 1.0, stall_timeout: float = 120.0,
+                 probe_timeout: float = 10.0, max_backoff: float = 60.0) -> None:
+        self.engine = engine
+        self.service = service
+        self.interval = interval
+        self.stall_timeout = stall_timeout
+        self.probe_timeout = probe_timeout
+        self.max_backoff = max_backoff
+        self.restarting = False
+        self.restarts = 0
+        self.last_failure: str | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._watch(), name="engine-supervisor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def healthy(self) -> bool:
+        if self.restarting:
+            return False
+        try:
+            return bool(await asyncio.wait_for(self.engine.ready(), self.probe_timeout))
+        except Exception:  # a probe that raises or hangs is a failed probe
+            return False
+
+    def stalled(self) -> bool:
+        if not self.stall_timeout or self.service.admission.in_flight == 0:
+            return False
+        return time.monotonic() - self.service.last_progress > self.stall_timeout
+
+    async def _watch(self) -> None:
+        backoff = 1.0
+        while True:
+            await asyncio.sleep(self.interval)
+            problem = None
+            if self.stalled():
+                problem = f"no progress for {self.stall_timeout:g}s with requests in flight"
+            elif not await self.healthy():
+                problem = "the engine's readiness probe failed"
+            if problem is None:
+                backoff = 1.0
+                continue
+            if await self.restart(problem):
+                backoff = 1.0
+            else:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.max_backoff)
+
+    async def restart(self, reason: str) -> bool:
+        """Stop (failing in-flight requests) and start the engine again. True when it came back."""
+        self.restarting = True
+        self.last_failure = reason
+        log.error("engine %s unhealthy (%s): restarting", self.engine.info.name, reason)
+        try:
+            try:
+                await self.engine.stop()
+            except Exception:
+                log.exception("engine stop failed; starting it anyway")
+            started = time.monotonic()
+            await self.engine.start()
+            self.restarts += 1
+            self.service.last_progress = time.monotonic()
+            log.warning("engine %s restarted in %.1fs (restart #%d)", self.engine.info.name,
+                        time.monotonic() - started, self.restarts)
+            return True
+        except Exception:
+            log.exception("engine restart failed")
+            return False
+        finally:
+            self.restarting = False
