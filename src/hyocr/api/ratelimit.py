@@ -23,7 +23,9 @@ class RateLimiter:
         self.items = parse_many(spec)  # "60/minute" or "10/second;1000/hour"
         # The async storages (no blocking Redis round trip on the event loop).
         uri = storage_uri if storage_uri.startswith("async+") else "async+" + storage_uri
-        self.limiter = MovingWindowRateLimiter(storage_from_string(uri))
+        # Redis through redis-py's asyncio client (limits' default async client is coredis).
+        options = {"implementation": "redispy"} if "redis" in uri.split("://", 1)[0] else {}
+        self.limiter = MovingWindowRateLimiter(storage_from_string(uri, **options))
 
     async def hit(self, caller: str) -> float | None:
         """None when allowed; else seconds until the caller may try again."""
