@@ -114,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         settings = _settings(args)
         serving = args.command in ("serve", "ui")
         _setup_logging(settings.log_level if serving else "warning", settings.log_format if serving else "text")
+        if serving:
+            from .observability.tracing import setup_tracing
+
+            setup_tracing(settings.otel_endpoint)
         if args.command in ("serve", "ui"):
             return serve(settings)
         return run_ocr(args, settings)

@@ -24,6 +24,8 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = Field("json", description="server logs: JSON lines or plain text")
+    otel_endpoint: str | None = Field(None, description="OTLP/HTTP traces endpoint (extra otel), e.g. "
+                                      "http://collector:4318/v1/traces")
     drain_timeout: float = Field(30.0, ge=0, le=3600, description="seconds to finish in-flight work on SIGTERM")
     ui: bool = Field(True, description="serve the web UI at /ui")
 

@@ -15,6 +15,8 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .tracing import span
+
 # Filled by the service while it handles a request (image sizes, tokens, timings); read by the
 # access log when the response is done. A dict per request, shared with the tasks it spawns.
 request_stats: contextvars.ContextVar[dict | None] = contextvars.ContextVar("hyocr_request_stats", default=None)
@@ -79,7 +81,9 @@ class AccessLogMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_status)
+            with span("hyocr.request", method=scope.get("method"), path=scope.get("path", "")[:100],
+                      request_id=scope.get("state", {}).get("request_id")):
+                await self.app(scope, receive, send_status)
         finally:
             request_stats.reset(token)
             state = scope.get("state", {})

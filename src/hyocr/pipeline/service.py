@@ -35,6 +35,7 @@ from ..types import (
 )
 from . import fields as extraction
 from ..observability.logs import record
+from ..observability.tracing import span
 from .admission import Admission, Ticket
 from .fetch import FetchPolicy, fetch_image
 from . import postprocess
@@ -234,11 +235,14 @@ class OcrService:
         started = time.perf_counter()
         media = call.media
         if any(m.url for m in media):
-            fetched = await asyncio.gather(*(
-                fetch_image(m.data, self.fetch_policy, param=m.param) if m.url else _same(m.data) for m in media
-            ))
+            with span("hyocr.fetch", images=sum(m.url for m in media)):
+                fetched = await asyncio.gather(*(
+                    fetch_image(m.data, self.fetch_policy, param=m.param) if m.url else _same(m.data)
+                    for m in media
+                ))
             media = tuple(MediaInput(data, m.param) for data, m in zip(fetched, media, strict=True))
-        pages = await asyncio.to_thread(self._decode_all, media)
+        with span("hyocr.decode", images=len(media)):
+            pages = await asyncio.to_thread(self._decode_all, media)
         record(images=len(pages), image_bytes=sum(p.source_bytes for p in pages),
                image_pixels=sum(p.width * p.height for p in pages), task=task.value)
         return Prepared(
@@ -388,10 +392,11 @@ class OcrService:
         blocks: list[TextBlock] = []
         last = EngineChunk()
         try:
-            async for chunk in self._guarded(request):
-                parts.append(chunk.text)
-                blocks.extend(chunk.blocks)
-                last = chunk
+            with span("hyocr.engine", request_id=request.request_id, page=page.index, task=prep.task.value):
+                async for chunk in self._guarded(request):
+                    parts.append(chunk.text)
+                    blocks.extend(chunk.blocks)
+                    last = chunk
         except HyocrError as exc:
             if len(prep.pages) == 1:
                 raise
@@ -399,17 +404,18 @@ class OcrService:
             message = exc.message if exc.public else "the engine failed on this page"
             return PageResult(page.index, page.width, page.height, "", finish_reason=FinishReason.ERROR, error=message), 0.0
         t0 = time.perf_counter()
-        result = build_page(
-            prep.task,
-            page,
-            "".join(parts),
-            tuple(blocks),
-            last.finish_reason or FinishReason.STOP,
-            Usage(last.prompt_tokens, last.completion_tokens),
-            prep.call.fields,
-            trim_loops=self.engine.info.follows_prompts,
-            single_key=prep.call.single_key,
-        )
+        with span("hyocr.postprocess", page=page.index):
+            result = build_page(
+                prep.task,
+                page,
+                "".join(parts),
+                tuple(blocks),
+                last.finish_reason or FinishReason.STOP,
+                Usage(last.prompt_tokens, last.completion_tokens),
+                prep.call.fields,
+                trim_loops=self.engine.info.follows_prompts,
+                single_key=prep.call.single_key,
+            )
         return result, (time.perf_counter() - t0) * 1000
 
 
