@@ -93,3 +93,19 @@ def chat_messages(system: str, prompt: str, image_urls: list[str]) -> list[dict]
 def sampling_defaults(sampling: SamplingParams) -> SamplingParams:
     """The authors' decoding: greedy unless the client asks otherwise."""
     return replace(sampling, temperature=0.0) if sampling.temperature is None else sampling
+
+
+def sampling_kwargs(sampling: SamplingParams) -> dict:
+    """The request's sampling in the OpenAI/vLLM vocabulary (vLLM's SamplingParams and the
+    OpenAI-compatible body share these names), with the authors' defaults applied."""
+    s = sampling_defaults(sampling)
+    kwargs: dict = {"max_tokens": s.max_tokens, "temperature": s.temperature}
+    for key in ("top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
+                "min_tokens"):
+        if getattr(s, key) is not None:
+            kwargs[key] = getattr(s, key)
+    if s.stop:
+        kwargs["stop"] = list(s.stop)
+    if s.ignore_eos:
+        kwargs["ignore_eos"] = True
+    return kwargs

@@ -25,7 +25,7 @@ from ..errors import EngineError, HyocrError, InvalidRequest, ServiceUnavailable
 from ..types import EngineChunk, EngineRequest, FinishReason
 from .base import Engine, EngineInfo
 from .circuit import CircuitBreaker
-from .hunyuan import PixelBounds, chat_messages, data_url, fit_image, sampling_defaults
+from .hunyuan import PixelBounds, chat_messages, data_url, fit_image, sampling_kwargs
 from .registry import ALL_TASKS
 
 if TYPE_CHECKING:
@@ -136,24 +136,13 @@ class OpenAIUpstreamEngine(Engine):
             return False
 
     def _body(self, request: EngineRequest, urls: list[str]) -> dict:
-        s = sampling_defaults(request.sampling)
-        body: dict = {
+        return {
             "model": self.upstream_model or "default",
             "messages": chat_messages(request.system, request.prompt, urls),
             "stream": True,
             "stream_options": {"include_usage": True},
-            "max_tokens": s.max_tokens,
-            "temperature": s.temperature,
+            **sampling_kwargs(request.sampling),
         }
-        for key in ("top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
-                    "min_tokens"):
-            if getattr(s, key) is not None:
-                body[key] = getattr(s, key)
-        if s.stop:
-            body["stop"] = list(s.stop)
-        if s.ignore_eos:
-            body["ignore_eos"] = True
-        return body
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         if self._client is None:

@@ -25,7 +25,7 @@ from ..config import SettingsError
 from ..errors import EngineError, InvalidRequest, ServiceUnavailable
 from ..types import EngineChunk, EngineRequest, FinishReason
 from .base import Engine, EngineInfo
-from .hunyuan import IMAGE_PLACEHOLDER, PixelBounds, fit_image, sampling_defaults
+from .hunyuan import IMAGE_PLACEHOLDER, PixelBounds, fit_image, sampling_kwargs
 from .registry import ALL_TASKS
 
 if TYPE_CHECKING:
@@ -143,22 +143,9 @@ class VllmEngine(Engine):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        s = sampling_defaults(request.sampling)
-        kwargs: dict[str, Any] = {
-            "max_tokens": s.max_tokens,
-            "temperature": s.temperature,
-            "output_kind": RequestOutputKind.DELTA,
-            "skip_special_tokens": True,
-        }
-        for key in ("top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
-                    "min_tokens"):
-            if getattr(s, key) is not None:
-                kwargs[key] = getattr(s, key)
-        if s.stop:
-            kwargs["stop"] = list(s.stop)
-        if s.ignore_eos:
-            kwargs["ignore_eos"] = True
-        return SamplingParams(**kwargs)
+        return SamplingParams(
+            **sampling_kwargs(request.sampling), output_kind=RequestOutputKind.DELTA, skip_special_tokens=True
+        )
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         from vllm.v1.engine.exceptions import EngineDeadError

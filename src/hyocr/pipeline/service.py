@@ -175,9 +175,20 @@ class OcrService:
             raise GatewayTimeout(f"the request took longer than {self.request_timeout:g}s") from None
 
     async def _deadline_stream(self, prep: Prepared, ticket: Ticket) -> AsyncIterator[EngineChunk]:
+        deadline = asyncio.get_running_loop().time() + self.request_timeout
+        try:
+            async for chunk in self.until_deadline(self.stream(prep), deadline):
+                if chunk.finish_reason is not None:
+                    record(prompt_tokens=chunk.prompt_tokens, output_tokens=chunk.completion_tokens,
+                           finish_reason=chunk.finish_reason.value)
+                yield chunk
+        finally:
+            ticket.release()
+
+    async def until_deadline(self, chunks: AsyncIterator[EngineChunk], deadline: float) -> AsyncIterator[EngineChunk]:
+        """``chunks`` until ``deadline`` (event-loop time); then 504, and closing the stream aborts the
+        engine's work. Each wait is bounded, so a hung engine cannot outlive the deadline."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.request_timeout
-        chunks = self.stream(prep)
         try:
             while True:
                 try:
@@ -186,13 +197,9 @@ class OcrService:
                     return
                 except TimeoutError:
                     raise GatewayTimeout(f"the request took longer than {self.request_timeout:g}s") from None
-                if chunk.finish_reason is not None:
-                    record(prompt_tokens=chunk.prompt_tokens, output_tokens=chunk.completion_tokens,
-                           finish_reason=chunk.finish_reason.value)
                 yield chunk
         finally:
             await chunks.aclose()
-            ticket.release()
 
     # ----------------------------------------------------------------- preparation
 

@@ -64,7 +64,7 @@ async def stream_run(service: OcrService, call: OcrCall, *, every: float = 0.05)
             final = EngineChunk(finish_reason=FinishReason.STOP)
             last = 0.0
             try:
-                async for chunk in _within(service, service.stream(single), deadline):
+                async for chunk in service.until_deadline(service.stream(single), deadline):
                     if chunk.finish_reason is not None:
                         final = chunk
                         continue
@@ -110,23 +110,6 @@ async def stream_run(service: OcrService, call: OcrCall, *, every: float = 0.05)
         },
     )
     yield Snapshot(prep.request_id, prep.pages, len(prep.pages) - 1, done[-1].text, tuple(done), result)
-
-
-async def _within(service: OcrService, chunks: AsyncIterator[EngineChunk], deadline: float
-                  ) -> AsyncIterator[EngineChunk]:
-    """``chunks`` until the run's deadline; then 504, and closing the stream aborts the engine."""
-    loop = asyncio.get_running_loop()
-    try:
-        while True:
-            try:
-                chunk = await asyncio.wait_for(anext(chunks), max(0.0, deadline - loop.time()))
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                raise GatewayTimeout(f"the request took longer than {service.request_timeout:g}s") from None
-            yield chunk
-    finally:
-        await chunks.aclose()
 
 
 def _shown(chunk: EngineChunk) -> str:

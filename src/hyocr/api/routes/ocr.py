@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
 
 from starlette.exceptions import HTTPException
 
