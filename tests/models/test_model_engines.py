@@ -177,6 +177,13 @@ def test_a_checkpoint_in_a_subfolder_is_served_and_reported(tiny_checkpoint, tmp
         server.stop()
 
 
+def test_vllm_statistics_are_on_the_metrics_endpoint(vllm_server):
+    _client(vllm_server).chat.completions.create(model="x", messages=_messages(), max_tokens=2)
+    text = requests.get(f"{vllm_server.url}/metrics", timeout=10).text
+    assert "hyocr_requests_total" in text
+    assert "vllm:num_requests_running" in text and "vllm:kv_cache_usage_perc" in text
+
+
 def test_engine_death_is_detected_requests_fail_fast_and_it_is_restarted(vllm_server):
     """Runs last (it kills the session's vLLM engine): readiness goes false, requests get a 503 at
     once, and the supervisor starts a new engine that serves again."""

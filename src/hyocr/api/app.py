@@ -21,6 +21,7 @@ from ..pipeline.service import OcrService
 from ..pipeline.supervisor import EngineSupervisor
 from .errors import install_error_handlers
 from ..observability.logs import AccessLogMiddleware
+from ..observability.metrics import Metrics
 from .limits import BodyLimitMiddleware, RequestIdMiddleware
 from .ratelimit import RateLimiter, RateLimitMiddleware
 from .security import AuthMiddleware, AuthPolicy
@@ -33,6 +34,8 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     engine = engine or create_engine(settings)
     service = OcrService.from_settings(engine, settings)
     supervisor = EngineSupervisor(engine, service, stall_timeout=settings.stall_timeout)
+    metrics = Metrics(service)
+    metrics.restarts.set_function(lambda: supervisor.restarts)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -60,12 +63,14 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     policy = AuthPolicy.from_settings(settings)
     middleware = [
         Middleware(RequestIdMiddleware),
-        Middleware(AccessLogMiddleware),
+        Middleware(AccessLogMiddleware, metrics=metrics),
         Middleware(AuthMiddleware, policy=policy),
     ]
     if settings.rate_limit:
         limiter = RateLimiter(settings.rate_limit, settings.rate_limit_storage)
-        middleware.append(Middleware(RateLimitMiddleware, limiter=limiter, public_paths=policy.public_paths))
+        # Probes and scrapes are cheap and periodic: they never spend a caller's budget.
+        exempt = policy.public_paths | {"/health", "/ready", "/metrics"}
+        middleware.append(Middleware(RateLimitMiddleware, limiter=limiter, public_paths=exempt))
     middleware.append(Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes))
     app = FastAPI(
         title="hyocr",
@@ -77,6 +82,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     app.state.supervisor = supervisor
+    app.state.metrics = metrics
     app.state.engine_started = False
     app.state.started_at = int(time.time())
     install_error_handlers(app)

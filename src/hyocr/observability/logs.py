@@ -23,6 +23,14 @@ request_stats: contextvars.ContextVar[dict | None] = contextvars.ContextVar("hyo
 access_log = logging.getLogger("hyocr.access")
 
 
+def record_first(**values: object) -> None:
+    """Like ``record``, but keeps the first value (time to first token of a multi-page request)."""
+    stats = request_stats.get()
+    if stats is not None:
+        for key, value in values.items():
+            stats.setdefault(key, value)
+
+
 def record(**values: object) -> None:
     """Add figures to the current request's access-log line (no-op outside a request)."""
     stats = request_stats.get()
@@ -63,8 +71,9 @@ def setup_logging(level: str, fmt: str = "json") -> None:
 class AccessLogMiddleware:
     """Outermost but one (inside the request id): sees every response, including refusals."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, metrics=None) -> None:
         self.app = app
+        self.metrics = metrics  # observability.metrics.Metrics: counted from the same figures as the line
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -98,3 +107,5 @@ class AccessLogMiddleware:
                 **stats,
             }
             access_log.info("request", extra={"fields": fields})
+            if self.metrics is not None:
+                self.metrics.observe(fields["route"], status[0], fields["duration_ms"] / 1000, stats)

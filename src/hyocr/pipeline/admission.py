@@ -8,6 +8,7 @@ import asyncio
 from collections import deque
 
 from ..errors import ServiceUnavailable
+from ..observability.logs import record
 
 
 class Admission:
@@ -26,6 +27,7 @@ class Admission:
             self.in_flight += 1
             return Ticket(self)
         if len(self._waiters) >= self.max_queue:
+            record(rejected="overloaded")
             raise ServiceUnavailable(
                 "the server is at capacity; retry shortly", code="overloaded", headers={"Retry-After": "1"}
             )

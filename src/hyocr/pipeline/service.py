@@ -34,7 +34,7 @@ from ..types import (
     Usage,
 )
 from . import fields as extraction
-from ..observability.logs import record
+from ..observability.logs import record, record_first
 from ..observability.tracing import span
 from .admission import Admission, Ticket
 from .fetch import FetchPolicy, fetch_image
@@ -180,7 +180,8 @@ class OcrService:
             async for chunk in self.until_deadline(self.stream(prep), deadline):
                 if chunk.finish_reason is not None:
                     record(prompt_tokens=chunk.prompt_tokens, output_tokens=chunk.completion_tokens,
-                           finish_reason=chunk.finish_reason.value)
+                           finish_reason=chunk.finish_reason.value,
+                           repetition_stops=int(chunk.finish_reason is FinishReason.REPETITION))
                 yield chunk
         finally:
             ticket.release()
@@ -251,7 +252,8 @@ class OcrService:
         with span("hyocr.decode", images=len(media)):
             pages = await asyncio.to_thread(self._decode_all, media)
         record(images=len(pages), image_bytes=sum(p.source_bytes for p in pages),
-               image_pixels=sum(p.width * p.height for p in pages), task=task.value)
+               image_pixels=sum(p.width * p.height for p in pages), task=task.value,
+               decode_ms=round((time.perf_counter() - started) * 1000, 2))
         return Prepared(
             request_id=request_id or f"ocr-{uuid.uuid4().hex}",
             task=task,
@@ -334,7 +336,8 @@ class OcrService:
         text, finish = cut_loops(
             "".join(parts), final.finish_reason or FinishReason.STOP, self.engine.info.follows_prompts
         )
-        record(prompt_tokens=final.prompt_tokens, output_tokens=final.completion_tokens, finish_reason=finish.value)
+        record(prompt_tokens=final.prompt_tokens, output_tokens=final.completion_tokens, finish_reason=finish.value,
+               repetition_stops=int(finish is FinishReason.REPETITION))
         return text, replace(final, finish_reason=finish)
 
     async def _guarded(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
@@ -345,10 +348,13 @@ class OcrService:
         """
         wanted = self.loop_guard if request.sampling.loop_guard is None else request.sampling.loop_guard
         guard = postprocess.LoopGuard() if wanted and self.engine.info.follows_prompts else None
+        started = time.perf_counter()
         stream = self.engine.generate(request)
         try:
             async for chunk in stream:
                 self.last_progress = time.monotonic()
+                if chunk.text or chunk.blocks:
+                    record_first(ttft_s=time.perf_counter() - started)
                 if guard is not None and chunk.text and guard.feed(chunk.text):
                     yield replace(chunk, finish_reason=None)
                     yield EngineChunk(
@@ -381,7 +387,8 @@ class OcrService:
             "total_ms": round(prep.decode_ms + (engine_done - started) * 1000, 2),
         }
         record(prompt_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
-               **{k: v for k, v in timings.items() if k != "total_ms"})
+               repetition_stops=sum(r.finish_reason is FinishReason.REPETITION for r in results),
+               engine_ms=timings["engine_ms"], postprocess_ms=timings["postprocess_ms"])
         return OcrResult(
             id=prep.request_id,
             model=self.model_for(prep),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from .deps import service_of
 
@@ -25,3 +25,16 @@ async def ready(request: Request) -> JSONResponse:
     if not ok and supervisor.last_failure:
         body["reason"] = "restarting" if supervisor.restarting else "engine unhealthy"
     return JSONResponse(body, status_code=200 if ok else 503)
+
+
+@router.get("/metrics", summary="Prometheus metrics (HYOCR_PUBLIC_METRICS=true to scrape without a key)")
+async def metrics(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    body = generate_latest(request.app.state.metrics.registry)
+    if service_of(request).engine.info.name == "vllm":
+        # vLLM's own statistics (KV-cache usage, running and waiting sequences) live in the global
+        # registry of this process: expose its vllm:* families beside hyocr's.
+        body += b"".join(line + b"\n" for line in generate_latest(REGISTRY).splitlines()
+                         if b"vllm:" in line)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

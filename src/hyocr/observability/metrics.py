@@ -1,0 +1,110 @@
+"""Prometheus metrics: one registry per app, labels with bounded values only (no keys, no file names).
+
+The access-log middleware is the one place a finished request is counted, from what the service
+recorded for it (observability/logs.py ``record``), so the log line and the counters never disagree.
+GPU gauges come from NVML (nvidia-ml-py) when a GPU exists, and are absent, not faked, otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+log = logging.getLogger("hyocr.metrics")
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 300)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16)
+_ERROR_TYPES = {400: "invalid_request", 401: "authentication", 403: "permission", 404: "not_found",
+                405: "invalid_request", 413: "payload_too_large", 415: "unsupported_media_type",
+                429: "rate_limit", 499: "client_closed", 500: "internal", 502: "upstream",
+                503: "unavailable", 504: "timeout"}
+_ROUTES = frozenset({"/v1/ocr", "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready",
+                     "/metrics"})
+
+
+class Metrics:
+    def __init__(self, service=None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("hyocr_requests", "Finished HTTP requests", ["route", "status"], registry=r)
+        self.duration = Histogram("hyocr_request_duration_seconds", "Request latency", ["route"],
+                                  buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("hyocr_time_to_first_token_seconds", "Time to the engine's first output",
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.errors = Counter("hyocr_errors", "Requests answered with an error", ["type"], registry=r)
+        self.timeouts = Counter("hyocr_timeouts", "Requests past their deadline (504)", registry=r)
+        self.rejected = Counter("hyocr_rejected", "Requests shed (429 rate limit, 503 overloaded)", ["reason"],
+                                registry=r)
+        self.stage = Histogram("hyocr_stage_duration_seconds", "Time per pipeline stage", ["stage"],
+                               buckets=_LATENCY_BUCKETS, registry=r)
+        self.pages = Counter("hyocr_pages", "Pages (images) processed", registry=r)
+        self.prompt_tokens = Counter("hyocr_prompt_tokens", "Prompt tokens (images included)", registry=r)
+        self.output_tokens = Counter("hyocr_output_tokens", "Generated tokens", registry=r)
+        self.repetition_stops = Counter("hyocr_repetition_stops", "Outputs cut by the loop guard", registry=r)
+        self.queue = Gauge("hyocr_queue_length", "Requests waiting for admission", registry=r)
+        self.in_flight = Gauge("hyocr_requests_in_flight", "Requests admitted to the engine", registry=r)
+        self.restarts = Gauge("hyocr_engine_restarts", "Engine restarts by the supervisor", registry=r)
+        if service is not None:
+            self.queue.set_function(lambda: service.admission.waiting)
+            self.in_flight.set_function(lambda: service.admission.in_flight)
+        gpu = GpuCollector.create()
+        if gpu is not None:
+            r.register(gpu)
+
+    def observe(self, route: str, status: int, seconds: float, stats: dict) -> None:
+        """One finished request: everything it counts, from the figures the service recorded."""
+        route = route if route in _ROUTES or route.startswith("/ui") else "other"
+        route = "/ui" if route.startswith("/ui") else route
+        self.requests.labels(route, str(status)).inc()
+        self.duration.labels(route).observe(seconds)
+        if status >= 400:
+            self.errors.labels(_ERROR_TYPES.get(status, "other")).inc()
+        if status == 504:
+            self.timeouts.inc()
+        if status == 429:
+            self.rejected.labels("rate_limit").inc()
+        if stats.get("rejected"):
+            self.rejected.labels(str(stats["rejected"])).inc()
+        if "ttft_s" in stats:
+            self.ttft.observe(stats["ttft_s"])
+        for stage in ("fetch", "decode", "engine", "postprocess"):
+            if f"{stage}_ms" in stats:
+                self.stage.labels(stage).observe(stats[f"{stage}_ms"] / 1000)
+        self.pages.inc(stats.get("images", 0))
+        self.prompt_tokens.inc(stats.get("prompt_tokens", 0))
+        self.output_tokens.inc(stats.get("output_tokens", 0))
+        self.repetition_stops.inc(stats.get("repetition_stops", 0))
+
+
+class GpuCollector:
+    """GPU memory and utilisation per device, read from NVML at scrape time."""
+
+    def __init__(self, nvml) -> None:
+        self.nvml = nvml
+
+    @classmethod
+    def create(cls) -> GpuCollector | None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            if pynvml.nvmlDeviceGetCount() == 0:
+                return None
+        except Exception:  # no library, no driver, no GPU: no gauges
+            return None
+        return cls(pynvml)
+
+    def collect(self):
+        used = GaugeMetricFamily("hyocr_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"])
+        total = GaugeMetricFamily("hyocr_gpu_memory_total_bytes", "GPU memory", labels=["gpu"])
+        util = GaugeMetricFamily("hyocr_gpu_utilization_ratio", "GPU busy fraction", labels=["gpu"])
+        nvml = self.nvml
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            used.add_metric([str(i)], memory.used)
+            total.add_metric([str(i)], memory.total)
+            util.add_metric([str(i)], nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
+        yield from (used, total, util)

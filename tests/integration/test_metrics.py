@@ -1,0 +1,94 @@
+"""/metrics: exact counters, the documented metric names, and what the dashboard queries."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import requests
+from imaging import card
+from prometheus_client.parser import text_string_to_metric_families
+
+IMAGE = base64.b64encode(card().png()).decode()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _scrape(server, headers=None) -> dict[tuple[str, tuple], float]:
+    r = requests.get(f"{server.url}/metrics", headers=headers or {}, timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def _value(samples, name, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_counters_are_exact(fake_server_factory):
+    server = fake_server_factory()
+    before = _scrape(server)
+    good, bad = 5, 3
+    for _ in range(good):
+        assert requests.post(f"{server.url}/v1/ocr", json={"image": IMAGE, "task": "text"}, timeout=30).ok
+    for _ in range(bad):
+        assert requests.post(f"{server.url}/v1/ocr", json={"image": "%%%", "task": "text"}, timeout=30).status_code == 400
+    after = _scrape(server)
+    delta = lambda name, **labels: _value(after, name, **labels) - _value(before, name, **labels)  # noqa: E731
+    assert delta("hyocr_requests_total", route="/v1/ocr", status="200") == good
+    assert delta("hyocr_requests_total", route="/v1/ocr", status="400") == bad
+    assert delta("hyocr_errors_total", type="invalid_request") == bad
+    assert delta("hyocr_pages_total") == good
+    assert delta("hyocr_request_duration_seconds_count", route="/v1/ocr") == good + bad
+    assert delta("hyocr_stage_duration_seconds_count", stage="engine") == good
+    assert delta("hyocr_output_tokens_total") > 0 and delta("hyocr_time_to_first_token_seconds_count") == good
+    assert _value(after, "hyocr_requests_in_flight") == 0 and _value(after, "hyocr_queue_length") == 0
+
+
+def test_sheds_timeouts_and_loops_are_counted(fake_server_factory):
+    server = fake_server_factory(rate_limit="2/minute", request_timeout=0.3)
+    post = lambda q: requests.post(f"{server.url}/v1/ocr", json={"image": IMAGE, "task": "vqa", "question": q},  # noqa: E731
+                                   timeout=30)
+    assert post("[[fake:hang]]").status_code == 504
+    assert post("[[fake:loop]]").json()["pages"][0]["finish_reason"] == "repetition"
+    assert post("x").status_code == 429
+    samples = _scrape(server)
+    assert _value(samples, "hyocr_timeouts_total") == 1
+    assert _value(samples, "hyocr_repetition_stops_total") == 1
+    assert _value(samples, "hyocr_rejected_total", reason="rate_limit") == 1
+
+
+def test_metrics_need_a_key_unless_public(fake_server_factory):
+    closed = fake_server_factory(api_keys="k")
+    assert requests.get(f"{closed.url}/metrics", timeout=5).status_code == 401
+    assert _scrape(closed, {"Authorization": "Bearer k"})
+    public = fake_server_factory(api_keys="k", public_metrics=True)
+    text = requests.get(f"{public.url}/metrics", timeout=5).text
+    assert "hyocr_requests_total" in text and "k" not in re.findall(r'key="([^"]*)"', text)
+
+
+def test_no_gpu_gauges_without_a_gpu(fake_server_factory):
+    text = requests.get(f"{fake_server_factory().url}/metrics", timeout=5).text
+    assert "hyocr_gpu_memory_used_bytes" not in text  # absent, not faked
+
+
+def test_dashboard_queries_only_exported_metrics(fake_server_factory):
+    server = fake_server_factory()
+    requests.post(f"{server.url}/v1/ocr", json={"image": IMAGE, "task": "text"}, timeout=30)
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    exported = set()
+    for family in text_string_to_metric_families(text):  # families with no samples yet count too
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"]}.get(family.type, [""])
+        exported |= {family.name + s for s in suffixes}
+    exported |= {
+        "hyocr_gpu_memory_used_bytes", "hyocr_gpu_memory_total_bytes", "hyocr_gpu_utilization_ratio"}  # GPU hosts
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "hyocr.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    assert len(exprs) >= 10
+    used = {m for expr in exprs for m in re.findall(r"\b(hyocr_[a-z_]+)", expr)}
+    assert used and used <= exported, used - exported
+    assert "hyocr" in (ROOT / "deploy" / "prometheus.yml").read_text()
