@@ -80,6 +80,8 @@ class Settings(BaseSettings):
     trusted_proxies: str | None = Field(None, description="CIDRs whose X-Forwarded-For is believed")
     public_ready: bool = Field(True, description="/ready needs no credentials")
     public_metrics: bool = Field(False, description="/metrics needs no credentials")
+    metrics_port: int | None = Field(None, ge=1, le=65535,
+                                     description="also serve /metrics on this port (no auth: bind it privately)")
     rate_limit: str | None = Field(None, description="per caller, e.g. 60/minute or 10/second;1000/hour")
     rate_limit_storage: str = Field("memory://", description="memory:// or redis://host:6379 (shared)")
 

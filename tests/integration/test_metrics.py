@@ -92,3 +92,16 @@ def test_dashboard_queries_only_exported_metrics(fake_server_factory):
     used = {m for expr in exprs for m in re.findall(r"\b(hyocr_[a-z_]+)", expr)}
     assert used and used <= exported, used - exported
     assert "hyocr" in (ROOT / "deploy" / "prometheus.yml").read_text()
+
+
+def test_metrics_on_their_own_port(fake_server_factory):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = fake_server_factory(api_keys="k", metrics_port=port)
+    requests.post(f"{server.url}/v1/ocr", json={"image": IMAGE, "task": "text"},
+                  headers={"Authorization": "Bearer k"}, timeout=30)
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert 'hyocr_requests_total{route="/v1/ocr",status="200"} 1.0' in text

@@ -51,9 +51,17 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             engine.info.details or "",
         )
         supervisor.start()
+        if settings.metrics_port:
+            from prometheus_client import start_http_server
+
+            metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host,
+                                                  registry=metrics.registry)
+            log.info("metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
         try:
             yield
         finally:
+            if settings.metrics_port:
+                metrics_server.shutdown()
             app.state.engine_started = False
             await supervisor.stop()
             await engine.stop()
