@@ -172,6 +172,9 @@ def test_sustained_load_has_no_5xx_and_nothing_is_lost(fake_server_factory):
     assert len(statuses) > 40
     assert all(code == 200 for code in statuses), sorted(set(statuses))
     assert len(engine.completed) == len(statuses) and not engine.aborted
+    # ... and the server's own counter agrees with the clients, exactly
+    metrics = requests.get(f"{server.url}/metrics", timeout=5).text
+    assert f'hyocr_requests_total{{route="/v1/ocr",status="200"}} {float(len(statuses))}' in metrics
 
 
 def test_rate_limits_are_shared_by_replicas_through_redis(fake_server_factory, tmp_path):
@@ -204,3 +207,20 @@ def test_rate_limits_are_shared_by_replicas_through_redis(fake_server_factory, t
     finally:
         redis.terminate()
         redis.wait(timeout=10)
+
+
+@pytest.mark.parametrize("text", [
+    "null\x00bytes\x00inside", "\u202eRTL override\u202c and \ud83d\ude00 emoji", "\ufeff" + "零宽\u200b" * 1000,
+    "x" * 500_000,
+])
+def test_odd_text_fields_are_answered_never_with_a_500(fake_server_factory, text):
+    server = fake_server_factory()
+    for body in ({"image": IMAGE, "task": "vqa", "question": text},
+                 {"image": IMAGE, "task": "extract", "fields": [text[:50]]},
+                 {"image": IMAGE, "task": text[:100]}):
+        r = requests.post(f"{server.url}/v1/ocr", json=body, timeout=30)
+        assert r.status_code in (200, 400), (r.status_code, r.text[:200])
+        assert "error" in r.json() if r.status_code == 400 else r.json()["pages"]
+    chat = requests.post(f"{server.url}/v1/chat/completions", timeout=30, json={"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + IMAGE}}, {"type": "text", "text": text}]}]})
+    assert chat.status_code in (200, 400)
