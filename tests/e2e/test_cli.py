@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -70,21 +71,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if requests.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        assert time.monotonic() < deadline, "server never became ready"
+        time.sleep(0.1)
+
+
 def test_serve_process_answers_then_stops_cleanly_on_sigterm(tmp_path):
     port = _free_port()
     proc = subprocess.Popen([*HYOCR, "serve", "--port", str(port)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "HYOCR_API_KEYS": "k-e2e"})
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "server never became ready"
-            time.sleep(0.2)
+        _wait_ready(proc, f"http://127.0.0.1:{port}")
         r = requests.post(f"http://127.0.0.1:{port}/v1/ocr", files={"file": ("c.png", card().png())},
                           headers={"Authorization": "Bearer k-e2e"}, timeout=60)
         assert r.status_code == 200 and "JOHNSMITH" in squash(r.json()["text"])
@@ -113,17 +118,8 @@ def test_sigterm_under_load_finishes_in_flight_requests_then_exits_0():
                              "--no-ui"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if requests.get(f"{url}/ready", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        body = {"image": "data:image/png;base64," + __import__("base64").b64encode(card().png()).decode(),
+        _wait_ready(proc, url)
+        body = {"image": "data:image/png;base64," + base64.b64encode(card().png()).decode(),
                 "task": "text"}
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             futures = [pool.submit(requests.post, f"{url}/v1/ocr", json=body, timeout=30) for _ in range(6)]
