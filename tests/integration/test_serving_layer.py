@@ -137,7 +137,7 @@ def test_per_page_results_in_order_and_one_bad_page_does_not_fail_the_rest(fake_
     server = fake_server_factory()
     ok = requests.post(f"{server.url}/v1/ocr", json={"images": [IMAGE, IMAGE, IMAGE], "task": "text"}, timeout=30)
     assert [p["index"] for p in ok.json()["pages"]] == [0, 1, 2]
-    ids = [r.request_id for r in server.engine.requests[-3:]]
+    ids = [r.request_id for r in list(server.engine.requests)[-3:]]
     assert len(set(ids)) == 3  # each page is its own engine request (batched by the engine)
     too_many = requests.post(f"{server.url}/v1/ocr", json={"images": [IMAGE] * 9}, timeout=30)
     assert too_many.status_code == 400 and "at most 8" in too_many.json()["error"]["message"]

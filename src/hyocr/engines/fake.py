@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields, replace
@@ -75,10 +76,11 @@ class FakeEngine(Engine):
         self.crashed = False  # kill(): readiness fails, as a dead engine process would
         self.starts = 0
         self._stopped: asyncio.Event | None = None
+        # What happened, for assertions; bounded so a long benchmark run does not grow without limit.
         self.active: set[str] = set()  # request ids being generated now
-        self.aborted: list[str] = []  # request ids whose consumer went away mid-stream
-        self.completed: list[str] = []
-        self.requests: list[EngineRequest] = []  # everything received, for assertions
+        self.aborted: deque[str] = deque(maxlen=100_000)  # consumer went away mid-stream
+        self.completed: deque[str] = deque(maxlen=100_000)
+        self.requests: deque[EngineRequest] = deque(maxlen=64)  # the latest received (they hold images)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> FakeEngine:
