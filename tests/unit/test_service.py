@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PIL import Image
 
-from hyocr.pipeline.service import TRIM_MIN_CHARS, build_page, cut_loops
+from hyocr.pipeline.pages import TRIM_MIN_CHARS, build_page, cut_loops
 from hyocr.types import FinishReason, PageImage, Task, TextBlock, Usage
 
 PAGE = PageImage(Image.new("RGB", (2000, 1000), "white"))

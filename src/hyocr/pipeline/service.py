@@ -33,17 +33,14 @@ from ..types import (
     TextBlock,
     Usage,
 )
-from . import fields as extraction
 from ..observability.logs import record, record_first
 from ..observability.tracing import span
+from . import postprocess
 from .admission import Admission, Ticket
 from .fetch import FetchPolicy, fetch_image
-from . import postprocess
+from .pages import build_page, cut_loops
 from .media import MediaLimits, decode_base64, load_image
 from .tasks import build_prompt
-
-
-TRIM_MIN_CHARS = 2000  # HunyuanOCR 1.5's threshold (1.0 used 8000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,69 +428,6 @@ class OcrService:
                 single_key=prep.call.single_key,
             )
         return result, (time.perf_counter() - t0) * 1000
-
-
-def cut_loops(text: str, finish: FinishReason, generated: bool) -> tuple[str, FinishReason]:
-    """Cut a looping tail off generated text, and say so in the finish reason.
-
-    When the loop guard stopped the stream, the tail is cut by the guard's own rule. Otherwise the
-    authors' clean-up applies: only long outputs are checked, so short legitimate runs ("-----",
-    "0000000000" in forms) are never cut. Text read by a detector (rapidocr) is never touched.
-    """
-    if not generated:
-        return text, finish
-    if finish is FinishReason.REPETITION:
-        return postprocess.trim_repetition(text, min_span=postprocess.LOOP_MIN_SPAN)[0], finish
-    cut, trimmed = postprocess.trim_repetition(text, min_length=TRIM_MIN_CHARS)
-    return cut, (FinishReason.REPETITION if trimmed and finish is FinishReason.STOP else finish)
-
-
-def build_page(
-    task: Task,
-    page: PageImage,
-    raw: str,
-    blocks: tuple[TextBlock, ...],
-    finish: FinishReason,
-    usage: Usage,
-    fields: tuple[str, ...] = (),
-    *,
-    trim_loops: bool = True,
-    single_key: bool = False,
-) -> PageResult:
-    """Raw engine output -> a structured page (pure; the post-processing rules live here).
-
-    ``trim_loops``: whether the text was generated (and so may loop); see ``cut_loops``.
-    """
-    text, finish = cut_loops(raw, finish, trim_loops)
-    markdown = values = error = None
-    if task is Task.SPOTTING:
-        if not blocks:
-            blocks = tuple(postprocess.parse_spotting(text, page.width, page.height))
-        text = "\n".join(b.text for b in blocks)
-    elif task is Task.DOCUMENT:
-        markdown = postprocess.markdown_from_document(text)
-        text = markdown
-    elif task is Task.EXTRACT and single_key and len(fields) == 1:
-        values = {fields[0]: text.strip()}
-    elif task is Task.EXTRACT:
-        parsed, error = extraction.extract_json(text)
-        if error is None:
-            values = extraction.fields_from_json(parsed, fields)
-        else:
-            error = f"the model's output is not valid JSON: {error}"
-    return PageResult(
-        index=page.index,
-        width=page.width,
-        height=page.height,
-        text=text.strip(),
-        blocks=blocks,
-        finish_reason=finish,
-        markdown=markdown,
-        fields=values,
-        error=error,
-        raw_text=raw,
-        usage=usage,
-    )
 
 
 async def _same(value: bytes | str) -> bytes | str:

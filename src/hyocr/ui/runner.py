@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from ..errors import GatewayTimeout, HyocrError
-from ..pipeline.service import OcrCall, OcrService, build_page
+from ..pipeline.pages import build_page
+from ..pipeline.service import OcrCall, OcrService
 from ..types import EngineChunk, FinishReason, OcrResult, PageImage, PageResult, Usage
 
 log = logging.getLogger("hyocr.ui")
