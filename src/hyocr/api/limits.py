@@ -17,17 +17,15 @@ from ..errors import PayloadTooLarge
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-def _json_error(status: int, message: str, code: str, headers: list) -> tuple[Message, Message]:
-    body = json.dumps(
-        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
-    ).encode()
-    start = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        + headers,
-    }
-    return start, {"type": "http.response.body", "body": body}
+async def send_json_error(
+    send: Send, status: int, message: str, code: str, *, type_: str = "invalid_request_error",
+    headers: list[tuple[bytes, bytes]] = (),
+) -> None:
+    """An OpenAI-shaped JSON error from middleware that answers before any route runs."""
+    body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
+    start_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": start_headers + list(headers)})
+    await send({"type": "http.response.body", "body": body})
 
 
 class RequestIdMiddleware:
@@ -69,14 +67,10 @@ class BodyLimitMiddleware:
         message = f"request body is larger than the {self.max_bytes} byte limit"
         if declared is not None:
             if not declared.isdigit():
-                start, body = _json_error(400, "invalid Content-Length header", "bad_request", [])
-                await send(start)
-                await send(body)
+                await send_json_error(send, 400, "invalid Content-Length header", "bad_request")
                 return
             if int(declared) > self.max_bytes:
-                start, body = _json_error(413, message, "payload_too_large", [(b"connection", b"close")])
-                await send(start)
-                await send(body)
+                await send_json_error(send, 413, message, "payload_too_large", headers=[(b"connection", b"close")])
                 return
         seen = 0
 

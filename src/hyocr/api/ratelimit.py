@@ -7,11 +7,12 @@ the client IP when auth is off. Over the limit: 429 with Retry-After, before any
 
 from __future__ import annotations
 
-import json
 import math
 import time
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .limits import send_json_error
 
 
 class RateLimiter:
@@ -53,10 +54,5 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         wait = str(math.ceil(retry_after))
-        body = json.dumps({"error": {"message": f"rate limit exceeded; retry in {wait}s",
-                                     "type": "rate_limit_error", "param": None,
-                                     "code": "rate_limit_exceeded"}}).encode()
-        await send({"type": "http.response.start", "status": 429, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"retry-after", wait.encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_json_error(send, 429, f"rate limit exceeded; retry in {wait}s", "rate_limit_exceeded",
+                              type_="rate_limit_error", headers=[(b"retry-after", wait.encode())])

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .limits import send_json_error
+
 log = logging.getLogger("hyocr.security")
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -189,10 +191,7 @@ class AuthMiddleware:
 
 async def _deny(send: Send, exc: AuthError, *, ui: bool) -> None:
     kind = "authentication_error" if exc.status == 401 else "permission_error"
-    body = json.dumps({"error": {"message": exc.message, "type": kind, "param": None, "code": exc.code}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers = []
     if exc.status == 401:
-        challenge = b'Basic realm="hyocr"' if ui else b'Bearer realm="hyocr"'
-        headers.append((b"www-authenticate", challenge))
-    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+        headers.append((b"www-authenticate", b'Basic realm="hyocr"' if ui else b'Bearer realm="hyocr"'))
+    await send_json_error(send, exc.status, exc.message, exc.code, type_=kind, headers=headers)
