@@ -159,25 +159,17 @@ def run_remote_ocr(args: argparse.Namespace) -> int:
 
     fields = [f.strip() for f in (args.fields or "").split(",") if f.strip()] or None
     key = args.api_key or os.environ.get("HYOCR_CLIENT_API_KEY")
-    failures, bodies = 0, []
+    out = _Output(args)
     with HyocrClient(args.url, api_key=key, timeout=args.timeout) as client:
         for path in args.files:
             try:
                 result = client.ocr(path, task=args.task, fields=fields, language=args.language,
                                     question=args.question)
             except (HyocrClientError, OSError) as exc:
-                print(f"hyocr: {path}: {exc}", file=sys.stderr)
-                failures += 1
+                out.failed(path, str(exc))
                 continue
-            if args.json:
-                bodies.append({"file": str(path), **result.raw})
-            else:
-                if len(args.files) > 1:
-                    print(f"== {path} ==")
-                print(_human(result.raw))
-    if args.json and bodies:
-        print(json.dumps(bodies[0] if len(args.files) == 1 else bodies, ensure_ascii=False, indent=2))
-    return 1 if failures else 0
+            out.result(path, result.raw)
+    return out.finish()
 
 
 def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
@@ -194,8 +186,7 @@ def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
     async def go() -> int:
         engine = create_engine(settings)
         service = OcrService.from_settings(engine, settings)
-        failures = 0
-        bodies = []
+        out = _Output(args)
         await engine.start()
         try:
             task = parse_task(args.task)
@@ -203,37 +194,52 @@ def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
                 try:
                     data = path.read_bytes()
                 except OSError as exc:
-                    print(f"hyocr: {path}: {exc.strerror}", file=sys.stderr)
-                    failures += 1
+                    out.failed(path, exc.strerror)
                     continue
                 call = OcrCall(media=(MediaInput(data, param=str(path)),), task=task, fields=fields,
                                target_language=args.language, question=args.question)
                 try:
                     result = await service.run(await service.prepare(call))
                 except HyocrError as exc:
-                    message = exc.message if exc.public else "internal error"
-                    print(f"hyocr: {path}: {message}", file=sys.stderr)
-                    failures += 1
+                    out.failed(path, exc.message if exc.public else "internal error")
                     continue
-                body = ocr_body(result)
-                if args.json:
-                    bodies.append({"file": str(path), **body})
-                else:
-                    if len(args.files) > 1:
-                        print(f"== {path} ==")
-                    print(_human(body))
+                out.result(path, ocr_body(result))
         finally:
             await engine.stop()
-        if args.json and bodies:
-            out = bodies[0] if len(args.files) == 1 else bodies
-            print(json.dumps(out, ensure_ascii=False, indent=2))
-        return 1 if failures else 0
+        return out.finish()
 
     try:
         return asyncio.run(go())
     except HyocrError as exc:  # bad task name etc.
         print(f"hyocr: {exc.message}", file=sys.stderr)
         return 2
+
+
+class _Output:
+    """What ``hyocr ocr`` prints, the same in-process and through ``--url``: text per file (or one
+    JSON document at the end), failures one line each on stderr, exit status 1 if any file failed."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.json, self.many = args.json, len(args.files) > 1
+        self.bodies: list[dict] = []
+        self.failures = 0
+
+    def failed(self, path: Path, message: str) -> None:
+        print(f"hyocr: {path}: {message}", file=sys.stderr)
+        self.failures += 1
+
+    def result(self, path: Path, body: dict) -> None:
+        if self.json:
+            self.bodies.append({"file": str(path), **body})
+            return
+        if self.many:
+            print(f"== {path} ==")
+        print(_human(body))
+
+    def finish(self) -> int:
+        if self.json and self.bodies:
+            print(json.dumps(self.bodies if self.many else self.bodies[0], ensure_ascii=False, indent=2))
+        return 1 if self.failures else 0
 
 
 def _human(body: dict) -> str:
