@@ -2,7 +2,8 @@
 transformers engine, on the full-size HunyuanOCR 1.0 architecture with random weights, the same
 seeded card workload and the same client (``hyocr bench``), one target at a time.
 
-    python benchmarks/engines_gpu.py OUT_DIR [targets...]     targets: vllm-serve hyocr-vllm hyocr-transformers
+    python benchmarks/engines_gpu.py OUT_DIR [targets...]     targets: vllm-serve hyocr-vllm hyocr-transformers,
+                                                               or hyocr-vllm+NAME (a variant in VARIANTS)
 
 Each target: start the server, wait until ready, run `hyocr bench`, stop it. Results (the bench JSON per
 target, plus the server log) go to OUT_DIR. Random weights never emit EOS usefully, so every request
@@ -23,7 +24,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT = Path(os.environ.get("HYOCR_BENCH_CHECKPOINT", "/tmp/hunyuanocr-1.0-random"))
 CONCURRENCY = os.environ.get("HYOCR_BENCH_CONCURRENCY", "1,8,32,64")
-WORKLOAD = os.environ.get("HYOCR_BENCH_WORKLOAD", "card")
+WORKLOADS = os.environ.get("HYOCR_BENCH_WORKLOAD", "card").split(",")  # each one run on the same server start
+# Named hyocr-vllm configurations, to measure one change at a time against the shipped defaults.
+VARIANTS = {
+    "vllm-defaults": "--expected-tokens 0 --max-num-batched-tokens 2048 --preprocess-workers 1",
+    "1-worker": "--preprocess-workers 1",
+    "bt16k": "--max-num-batched-tokens 16384",
+    "stream4": "--stream-interval 4",
+    "seqs128": "--max-num-seqs 128 --max-concurrency 128",
+}
 MAX_TOKENS = os.environ.get("HYOCR_BENCH_MAX_TOKENS", "150")
 
 
@@ -45,9 +54,10 @@ def server_command(target: str, port: int) -> list[str]:
         return [py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(CHECKPOINT), "--port", str(port),
                 "--host", "127.0.0.1", "--served-model-name", "raw-vllm", "--no-enable-prefix-caching",
                 "--mm-processor-cache-gb", "0"]
-    engine = "vllm" if target == "hyocr-vllm" else "transformers"
+    base, _, variant = target.partition("+")
+    engine = "vllm" if base == "hyocr-vllm" else "transformers"
     cmd = [py, "-m", "hyocr", "serve", "--engine", engine, "--model", str(CHECKPOINT), "--port", str(port),
-           "--served-model-name", f"hyocr-{engine}", "--log-level", "warning"]
+           "--served-model-name", target, "--log-level", "warning", *VARIANTS.get(variant, "").split()]
     if engine == "transformers":
         cmd += ["--max-num-seqs", "64", "--batch-wait-ms", "20"]
     return cmd + os.environ.get("HYOCR_BENCH_SERVER_ARGS", "").split()
@@ -82,10 +92,12 @@ def run_target(target: str, out: Path) -> None:
         print(f"{target}: ready in {ready:.0f}s", flush=True)
         # generate() at concurrency 1 takes ~4 s a request: fewer requests, but every level full.
         requests = ["--requests", "16,16,32,64"] if target == "hyocr-transformers" else []
-        bench = [sys.executable, "-m", "hyocr", "bench", "--url", url, "--workload", WORKLOAD,
-                 "--concurrency", CONCURRENCY, "--max-tokens", MAX_TOKENS, "--fixed-output",
-                 "--label", target, "--output", str(out / f"{target}.json"), *requests]
-        subprocess.run(bench, check=False, env=env, stderr=subprocess.DEVNULL)
+        for workload in WORKLOADS:
+            bench = [sys.executable, "-m", "hyocr", "bench", "--url", url, "--workload", workload,
+                     "--concurrency", CONCURRENCY, "--max-tokens", MAX_TOKENS, "--fixed-output",
+                     "--label", target, "--output", str(out / f"{workload}-{target}.json"), *requests]
+            done = subprocess.run(bench, check=False, env=env, stderr=subprocess.DEVNULL, capture_output=False)
+            print(f"{target} {workload}: bench exit {done.returncode}", flush=True)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -1,7 +1,7 @@
 """Raw vLLM baseline: AsyncLLM in-process, no HTTP, no hyocr, on the same seeded workload as
 ``hyocr bench`` (same images, prompt, sampling and request counts), reporting the same JSON schema.
 
-    python benchmarks/raw_vllm.py CHECKPOINT OUT.json [--workload card] [--concurrency 1,8,32,64]
+    python benchmarks/raw_vllm.py CHECKPOINT OUT_{workload}.json [--workload card,page] [--concurrency 1,8,32,64]
 
 vLLM's defaults plus the HunyuanOCR authors' serve flags (no prefix caching, no multimodal processor
 cache): what a user gets from `vllm serve tencent/HunyuanOCR ...` minus the HTTP layer.
@@ -35,19 +35,27 @@ async def main() -> None:
     args = parser.parse_args()
 
     import vllm
-    from vllm import AsyncEngineArgs, SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     apply_version_workarounds(vllm.__version__)
-    workload = Workload(args.workload, "提取图中的文字。", args.max_tokens, True)
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
         model=args.checkpoint, enable_prefix_caching=False, mm_processor_cache_gb=0, disable_log_stats=True,
     ))
     tokenizer = engine.get_tokenizer()
     messages = [{"role": "system", "content": ""},
-                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": workload.prompt}]}]
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "提取图中的文字。"}]}]
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    for name in args.workload.split(","):
+        await run_workload(engine, prompt, Workload(name, "提取图中的文字。", args.max_tokens, True), args)
+    engine.shutdown()
+
+
+async def run_workload(engine, prompt: str, workload: Workload, args) -> None:
+    import vllm
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
     if hunyuan_backend() == "native":
         prompt = prompt.replace(IMAGE_START + IMAGE_PLACEHOLDER + IMAGE_END, IMAGE_PLACEHOLDER)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True,
@@ -105,9 +113,8 @@ async def main() -> None:
     meta["server"] = {"engine": "raw vLLM AsyncLLM", "vllm": vllm.__version__, "backend": hunyuan_backend(),
                       "model": args.checkpoint}
     doc = {"metadata": meta, "levels": levels, "sustained_concurrency": report.sustained(levels)}
-    report.write(doc, args.output)
+    report.write(doc, args.output.format(workload=workload.name))
     print(report.markdown(doc))
-    engine.shutdown()
 
 
 if __name__ == "__main__":

@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     lora_modules: str | None = Field(None, description="vLLM: LoRA adapters, name=path[,name=path]; "
                                      "a request selects one with its model field")
     max_lora_rank: int = Field(16, ge=1, le=512, description="vLLM: the largest adapter rank")
+    expected_tokens: int = Field(
+        1024, ge=0, le=1_000_000, description="vLLM: prompt + output tokens of a typical request; the KV cache "
+        "is sized to max_num_seqs x this (a card: ~850). 0 = vLLM's fraction of the GPU"
+    )
+    preprocess_workers: int = Field(0, ge=0, le=64, description="vLLM: image preprocessing threads (0 = auto)")
+    stream_interval: int = Field(1, ge=1, le=64, description="vLLM: tokens per streamed delta")
 
     # --- remote upstream (--engine openai) ---
     upstream_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. http://gpu1:8000/v1")

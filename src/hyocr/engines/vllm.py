@@ -27,6 +27,7 @@ from ..types import EngineChunk, EngineRequest, FinishReason
 from .base import Engine, EngineInfo
 from .hunyuan import IMAGE_PLACEHOLDER, PixelBounds, fit_image, sampling_kwargs
 from .registry import ALL_TASKS
+from .vllm_tuning import DEFAULT_MAX_NUM_BATCHED_TOKENS, preprocess_workers, size_engine
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -58,8 +59,9 @@ class VllmEngine(Engine):
     def __init__(self, engine_args: dict[str, Any], *, served_model_name: str | None = None,
                  max_images: int = 8, bounds: PixelBounds = PixelBounds(),
                  revision: str | None = None, subfolder: str | None = None,
-                 lora_modules: dict[str, str] | None = None) -> None:
+                 lora_modules: dict[str, str] | None = None, expected_tokens: int = 0) -> None:
         self.engine_args = engine_args
+        self.expected_tokens = expected_tokens
         self.lora_modules = dict(lora_modules or {})
         if self.lora_modules:
             engine_args.update(enable_lora=True, max_loras=len(self.lora_modules))
@@ -92,6 +94,7 @@ class VllmEngine(Engine):
             revision=settings.revision,
             subfolder=settings.subfolder,
             lora_modules=parse_lora_modules(settings.lora_modules),
+            expected_tokens=settings.expected_tokens,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -109,6 +112,7 @@ class VllmEngine(Engine):
         if resolved != self.engine_args["model"]:  # a local folder now: the revision was applied
             self.engine_args.update(model=resolved, tokenizer=resolved)
             self.engine_args.pop("revision", None)
+        self.engine_args = size_engine(self.engine_args, expected_tokens=self.expected_tokens)
         args = AsyncEngineArgs(**supported_args(self.engine_args))
         # Building the engine blocks for tens of seconds (processes, weights, compilation): off the event
         # loop, so a restart by the supervisor leaves /health, /ready and shedding responsive.
@@ -161,7 +165,8 @@ class VllmEngine(Engine):
         completion = 0
         finished = False
         try:
-            async for out in self.engine.generate(prompt, params, request.request_id, lora_request=lora):
+            engine_input = await self.engine_input(prompt)
+            async for out in self.engine.generate(engine_input, params, request.request_id, lora_request=lora):
                 prompt_tokens = len(out.prompt_token_ids or ())
                 result = out.outputs[0]
                 completion += len(result.token_ids)
@@ -187,6 +192,19 @@ class VllmEngine(Engine):
         finally:
             if not finished:
                 await self.abort(request.request_id)
+
+    async def engine_input(self, prompt: dict[str, Any]) -> Any:
+        """Tokens and processed image tensors for ``prompt``, made on the renderer's worker threads.
+
+        Given the raw prompt, ``AsyncLLM.generate`` runs the image processor (normalise, patchify:
+        ~10-20 ms a card) on the event loop, one request at a time, which caps a server at a few dozen
+        cards a second; vLLM >= 0.2x's renderer does the same work on a pool of threads.
+        """
+        renderer = getattr(self.engine, "renderer", None)
+        if renderer is None or not hasattr(renderer, "render_cmpl_async"):
+            return prompt
+        (engine_input,) = await renderer.render_cmpl_async([prompt])
+        return engine_input
 
     def lora_request(self, adapter: str | None) -> Any:
         if adapter is None:
@@ -265,6 +283,9 @@ def vllm_engine_args(settings: Settings) -> dict[str, Any]:
         "tensor_parallel_size": settings.tensor_parallel_size,
         "disable_log_stats": False,
         "max_lora_rank": settings.max_lora_rank if settings.lora_modules else None,
+        "max_num_batched_tokens": settings.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        "renderer_num_workers": preprocess_workers(settings.preprocess_workers),
+        "stream_interval": settings.stream_interval,
     }
     if settings.max_model_len:
         args["max_model_len"] = settings.max_model_len
@@ -274,8 +295,6 @@ def vllm_engine_args(settings: Settings) -> dict[str, Any]:
         args["swap_space"] = settings.swap_space
     if settings.kv_cache_memory_bytes:
         args["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
-    if settings.max_num_batched_tokens:
-        args["max_num_batched_tokens"] = settings.max_num_batched_tokens
     return {k: v for k, v in args.items() if v is not None}
 
 

@@ -1,0 +1,76 @@
+"""hyocr's vLLM defaults for HunyuanOCR, and the arithmetic behind them.
+
+HunyuanOCR is a 1B model whose requests are short and image-heavy (a card: ~690 prompt tokens, of
+which 662 are visual, and ~150 output tokens). vLLM's generic defaults are tuned for the opposite:
+they give the KV cache 92% of the GPU (125 GiB on an H200 for a 2 GB model) and schedule 2048 tokens a
+step when built through ``AsyncLLM`` (three cards' prefill). The numbers and measurements behind each
+default are in docs/benchmarks.md and benchmarks/NOTES.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# A step of 8192 tokens prefills ~11 cards (or 4 pages) while the running sequences decode, and
+# lets the vision encoder take as many images; larger steps stretch the decode stalls of running
+# requests without raising throughput at this model size.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
+
+
+def kv_bytes_per_token(config: dict, dtype: str = "auto") -> int:
+    """Bytes of KV cache one token occupies: K and V for every layer and KV head."""
+    text = config.get("text_config") or config  # nested (transformers 5) or the hub's flat layout
+    layers = int(text["num_hidden_layers"])
+    heads = int(text.get("num_key_value_heads") or text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or text.get("attention_head_dim")
+                   or text["hidden_size"] // text["num_attention_heads"])
+    return 2 * layers * heads * head_dim * _DTYPE_BYTES.get(dtype, 2)
+
+
+def kv_cache_bytes(config: dict, *, max_num_seqs: int, expected_tokens: int, max_model_len: int | None,
+                   dtype: str = "auto") -> int:
+    """The KV cache the workload needs: every sequence the engine runs at once holding a typical
+    request's tokens, and never less than one sequence of the full context (vLLM refuses to start
+    otherwise). 5% on top covers block rounding (16-token blocks)."""
+    context = max_model_len or int((config.get("text_config") or config).get("max_position_embeddings", 32768))
+    tokens = max(max_num_seqs * expected_tokens, context)
+    return int(tokens * kv_bytes_per_token(config, dtype) * 1.05)
+
+
+def load_config(model_path: str) -> dict | None:
+    """config.json of a local checkpoint, or None (a hub id vLLM will resolve itself)."""
+    path = Path(model_path) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def preprocess_workers(requested: int) -> int:
+    """Threads vLLM's renderer uses to turn images into model inputs (0 = automatic: half the cores,
+    at most 8; the work is numpy/PIL, which releases the GIL)."""
+    if requested:
+        return requested
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def size_engine(args: dict[str, Any], *, expected_tokens: int) -> dict[str, Any]:
+    """Fill in the KV cache size from the workload when the user chose neither a fraction nor a size."""
+    if "gpu_memory_utilization" in args or "kv_cache_memory_bytes" in args or not expected_tokens:
+        return args
+    config = load_config(args["model"])
+    if config is None:
+        log.warning("no config.json at %s: vLLM sizes its KV cache by the default fraction", args["model"])
+        return args
+    size = kv_cache_bytes(config, max_num_seqs=args.get("max_num_seqs", 64), expected_tokens=expected_tokens,
+                          max_model_len=args.get("max_model_len"), dtype=args.get("dtype", "auto"))
+    log.info("KV cache sized from the workload: %d sequences x %d tokens -> %.2f GiB",
+             args.get("max_num_seqs", 64), expected_tokens, size / 2**30)
+    return {**args, "kv_cache_memory_bytes": size}

@@ -1,0 +1,67 @@
+"""hyocr's vLLM defaults: the KV cache sized from the workload, not a blanket fraction of the GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hyocr.config import load_settings
+from hyocr.engines.vllm import vllm_engine_args
+from hyocr.engines.vllm_tuning import kv_bytes_per_token, kv_cache_bytes, preprocess_workers, size_engine
+
+# HunyuanOCR 1.0's language model as the hub's flat config.json spells it (HUNYUANOCR.md).
+HUB_CONFIG = {"num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+              "attention_head_dim": 128, "hidden_size": 1024, "max_position_embeddings": 32768}
+
+
+def test_kv_bytes_per_token_of_hunyuanocr_1_0():
+    # K and V x 24 layers x 8 KV heads x 128 dims x 2 bytes (bf16) = 96 KiB a token.
+    assert kv_bytes_per_token(HUB_CONFIG) == 98_304
+    assert kv_bytes_per_token({"text_config": HUB_CONFIG}) == 98_304  # transformers 5's nested layout
+    assert kv_bytes_per_token(HUB_CONFIG, "float32") == 2 * 98_304
+    no_head_dim = {k: v for k, v in HUB_CONFIG.items() if k not in ("head_dim", "attention_head_dim")}
+    assert kv_bytes_per_token(no_head_dim) == 2 * 24 * 8 * (1024 // 16) * 2
+
+
+def test_cards_at_concurrency_64_need_a_few_gib_not_the_whole_gpu():
+    size = kv_cache_bytes(HUB_CONFIG, max_num_seqs=64, expected_tokens=1024, max_model_len=None)
+    assert size == int(64 * 1024 * 98_304 * 1.05)
+    assert 6 * 2**30 < size < 7 * 2**30
+
+
+def test_the_cache_always_holds_one_full_context_sequence():
+    size = kv_cache_bytes(HUB_CONFIG, max_num_seqs=1, expected_tokens=1024, max_model_len=None)
+    assert size == int(32768 * 98_304 * 1.05)
+    assert kv_cache_bytes(HUB_CONFIG, max_num_seqs=1, expected_tokens=1024, max_model_len=4096) == int(
+        4096 * 98_304 * 1.05)
+
+
+def test_size_engine_reads_the_checkpoint_and_respects_explicit_choices(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(HUB_CONFIG))
+    args = {"model": str(tmp_path), "max_num_seqs": 64, "dtype": "bfloat16"}
+    sized = size_engine(args, expected_tokens=1024)
+    assert sized["kv_cache_memory_bytes"] == kv_cache_bytes(HUB_CONFIG, max_num_seqs=64, expected_tokens=1024,
+                                                            max_model_len=None)
+    for explicit in ({"gpu_memory_utilization": 0.5}, {"kv_cache_memory_bytes": 123}):
+        assert size_engine({**args, **explicit}, expected_tokens=1024) == {**args, **explicit}
+    assert "kv_cache_memory_bytes" not in size_engine(args, expected_tokens=0)  # 0: vLLM's fraction
+    # A hub id (no local config.json): vLLM's own sizing, with a warning.
+    assert "kv_cache_memory_bytes" not in size_engine({**args, "model": "tencent/HunyuanOCR"}, expected_tokens=1024)
+
+
+@pytest.mark.parametrize(("requested", "cpus", "expected"), [(3, 16, 3), (0, 16, 8), (0, 64, 8), (0, 2, 1)])
+def test_preprocess_workers(monkeypatch, requested, cpus, expected):
+    monkeypatch.setattr("os.cpu_count", lambda: cpus)
+    assert preprocess_workers(requested) == expected
+
+
+def test_engine_args_carry_the_hunyuanocr_defaults_and_the_users_overrides():
+    args = vllm_engine_args(load_settings(engine="vllm", model="/m", preprocess_workers=4))
+    assert args["max_num_batched_tokens"] == 8192 and args["renderer_num_workers"] == 4
+    assert args["mm_processor_cache_gb"] == 0 and args["enable_prefix_caching"] is False
+    assert "gpu_memory_utilization" not in args  # sized from the workload at start
+    args = vllm_engine_args(load_settings(engine="vllm", model="/m", max_num_batched_tokens=16384,
+                                          gpu_memory_utilization=0.3, stream_interval=4))
+    assert args["max_num_batched_tokens"] == 16384 and args["gpu_memory_utilization"] == 0.3
+    assert args["stream_interval"] == 4
