@@ -84,7 +84,7 @@ def run_target(target: str, out: Path) -> None:
     port = 8100
     url = f"http://127.0.0.1:{port}"
     log = open(out / f"{target}.server.log", "w")
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "HYOCR_UI": "false", "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen(server_command(target, port), stdout=log, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
     try:
@@ -99,11 +99,13 @@ def run_target(target: str, out: Path) -> None:
             done = subprocess.run(bench, check=False, env=env, stderr=subprocess.DEVNULL, capture_output=False)
             print(f"{target} {workload}: bench exit {done.returncode}", flush=True)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
         try:
+            os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it had already exited (its log says why)
+            pass
         log.close()
 
 
