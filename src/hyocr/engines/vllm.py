@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import SettingsError
 from ..errors import EngineError, InvalidRequest, ServiceUnavailable
-from ..types import EngineChunk, EngineRequest, FinishReason
+from ..types import EngineChunk, EngineRequest, FinishReason, PageImage, SamplingParams, Task
 from .base import Engine, EngineInfo
 from .hunyuan import IMAGE_PLACEHOLDER, PixelBounds, fit_image, sampling_kwargs
 from .registry import ALL_TASKS
@@ -119,9 +119,24 @@ class VllmEngine(Engine):
         self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         self.tokenizer = self.engine.get_tokenizer()
         self._started = True
+        await self.warm_up()
         self.info.details.update(vllm=__version__, backend=self.backend)
         log.info("vLLM %s engine ready in %.1fs (HunYuanVL via %s path), args %s", __version__,
                  time.perf_counter() - started, self.backend, self.engine_args)
+
+    async def warm_up(self) -> None:
+        """One small request through the whole path before serving. vLLM builds its image processor on
+        first use: several first requests building it at once on the renderer's threads hung vLLM 0.26
+        for good (no output, ever). Built here, alone, it also takes the first request's ~10 s of set-up
+        out of a user's latency."""
+        from PIL import Image
+
+        started = time.perf_counter()
+        page = PageImage(Image.new("RGB", (64, 64), "white"))
+        request = EngineRequest("hyocr-warm-up", Task.TEXT, "warm-up", (page,), sampling=SamplingParams(max_tokens=1))
+        async for _ in self.generate(request):
+            pass
+        log.info("vLLM warm-up request done in %.1fs", time.perf_counter() - started)
 
     async def stop(self) -> None:
         if self.engine is not None:
