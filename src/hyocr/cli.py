@@ -17,6 +17,7 @@ from . import __version__
 from .config import Settings, SettingsError, load_settings
 
 TASK_HELP = "spotting | text | document | formula | table | chart | extract | subtitles | translate | vqa"
+PDF_TIMEOUT = 300.0  # --url, a PDF: rendering and the first page come before any answer
 
 
 def _settings_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
@@ -62,20 +63,40 @@ def build_parser() -> argparse.ArgumentParser:
     _settings_flags(ui, skip=("ui", "port"))
     ui.set_defaults(ui=True)
 
-    ocr = sub.add_parser("ocr", help="recognise text in image files, in-process (no server)")
+    ocr = sub.add_parser("ocr", help="recognise text in image and PDF files, in-process (no server)")
     ocr.add_argument("files", nargs="+", type=Path, metavar="FILE")
     ocr.add_argument("--task", default="spotting", help=TASK_HELP)
     ocr.add_argument("--fields", help="comma-separated field names for --task extract")
     ocr.add_argument("--language", default="en", help="translation target for --task translate: en | zh")
     ocr.add_argument("--question", help="the question for --task vqa")
+    ocr.add_argument("--pages", help="PDF files: the pages to read, 1-based, e.g. 1-3,8 (default all)")
+    ocr.add_argument("--prefer-text-layer", dest="prefer_text_layer", action="store_true",
+                     help="PDF files, --task text: take a page's own text when it is reliable instead of OCR")
     ocr.add_argument("--json", action="store_true", help="print the full JSON result")
     ocr.add_argument("--url", help="send the files to a running hyocr server instead of running in-process")
     ocr.add_argument("--api-key", dest="api_key", help="--url: the server's API key (or HYOCR_CLIENT_API_KEY)")
-    ocr.add_argument("--timeout", type=float, default=3.0, help="--url: seconds per attempt (default 3)")
+    ocr.add_argument("--timeout", type=float, help=f"--url: seconds per attempt (default 3; {PDF_TIMEOUT:g} for "
+                     "a PDF, which streams its pages: the wait until the first page, then between pages)")
     _settings_flags(ocr, skip=("host", "port", "drain_timeout", "ui"))
 
-    bench = sub.add_parser("bench", help="load-test a running server (OpenAI chat API) and report")
-    bench.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    bench = sub.add_parser(
+        "bench", help="load-test a server (running, or started here) and report; 'bench compare' compares results",
+        description="Load-test an OpenAI-compatible OCR server (--url) or hyocr started in this process "
+                    "(--engine), one level per concurrency. 'hyocr bench compare A.json B.json ...' puts "
+                    "result files side by side, with ratios to the first.")
+    target = bench.add_mutually_exclusive_group()
+    target.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:8000")
+    target.add_argument("--engine", metavar="NAME",
+                        help="start hyocr with this engine in-process on loopback and benchmark it: "
+                        "rapidocr | vllm | transformers | openai | fake")
+    bench.add_argument("--model", help="--engine: the model id/path (or the fake engine's script)")
+    bench.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="--engine: any server setting, e.g. --set max_num_seqs=32 (repeatable)")
+    bench.add_argument("--api-key", dest="api_key",
+                       help="sent as a Bearer token to the API and /metrics (or HYOCR_CLIENT_API_KEY)")
+    bench.add_argument("--metrics-url", dest="metrics_url",
+                       help="where the server's Prometheus metrics are, for peak GPU memory "
+                       "(default URL/metrics; local nvidia-smi when they have no GPU gauge)")
     bench.add_argument("--workload", choices=["card", "page"], default="card",
                        help="card: 1024x640; page: 1600x1200 (seeded synthetic text images)")
     bench.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
@@ -90,6 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--label", help="name of this run in reports")
     bench.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     bench.add_argument("--output", help="write the JSON result here")
+    bench.add_argument("--markdown", help="write the markdown table here")
+    bench.add_argument("--plot", help="write req/s and p99 latency vs concurrency here (PNG; extra bench)")
+    # Optional, so `hyocr bench --url ...` parses exactly as before compare existed.
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="compare")
+    compare = bench_sub.add_parser("compare", help="compare result files; the first is the baseline",
+                                   description="Result files side by side: a summary and a row per run and "
+                                   "concurrency, with req/s and latency as ratios of the first file's.")
+    compare.add_argument("files", nargs="+", metavar="RESULT.json")
+    compare.add_argument("--output", help="write the markdown here")
+    compare.add_argument("--plot", help="write req/s and p99 latency vs concurrency here (PNG; extra bench)")
     return parser
 
 
@@ -160,26 +191,65 @@ def run_remote_ocr(args: argparse.Namespace) -> int:
     fields = [f.strip() for f in (args.fields or "").split(",") if f.strip()] or None
     key = args.api_key or os.environ.get("HYOCR_CLIENT_API_KEY")
     out = _Output(args)
-    with HyocrClient(args.url, api_key=key, timeout=args.timeout) as client:
+    with HyocrClient(args.url, api_key=key, timeout=args.timeout or 3.0) as client:
         for path in args.files:
             try:
-                result = client.ocr(path, task=args.task, fields=fields, language=args.language,
-                                    question=args.question)
+                data = path.read_bytes()
+                document = _is_pdf(data)
+                with _Progress(path) as progress:
+                    result = client.ocr(data, task=args.task, fields=fields, language=args.language,
+                                        question=args.question, **(_pdf_options(args) if document else {}),
+                                        on_page=progress.page if document else None,
+                                        timeout=args.timeout or (PDF_TIMEOUT if document else None))
             except (HyocrClientError, OSError) as exc:
-                out.failed(path, str(exc))
+                out.failed(path, getattr(exc, "strerror", None) or str(exc))
                 continue
             out.result(path, result.raw)
     return out.finish()
 
 
+def _is_pdf(data: bytes) -> bool:
+    from .pipeline.media import is_pdf
+
+    return is_pdf(data)
+
+
+def _pdf_options(args: argparse.Namespace) -> dict:
+    return {"pages": args.pages, "prefer_text_layer": args.prefer_text_layer or None}
+
+
+class _Progress:
+    """A progress bar on stderr for a document of several pages (a terminal only, as tqdm decides)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.bar = path, None
+
+    def page(self, _page: object, done: int, total: int) -> None:
+        if total > 1 and self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=self.path.name, unit="page", file=sys.stderr, disable=None,
+                            leave=False)
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+
+    def __enter__(self) -> typing.Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
     if args.url:
         return run_remote_ocr(args)
-    from .api.render import ocr_body
+    from .api.routes.ocr import ocr_result_body
     from .engines.registry import create_engine
     from .errors import HyocrError
     from .pipeline.service import MediaInput, OcrCall, OcrService
     from .pipeline.tasks import parse_task
+    from .types import OcrResult
 
     fields = tuple(f.strip() for f in (args.fields or "").split(",") if f.strip())
 
@@ -197,13 +267,21 @@ def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
                     out.failed(path, exc.strerror)
                     continue
                 call = OcrCall(media=(MediaInput(data, param=str(path)),), task=task, fields=fields,
-                               target_language=args.language, question=args.question)
+                               target_language=args.language, question=args.question, accept_pdf=True,
+                               **(_pdf_options(args) if _is_pdf(data) else {}))
                 try:
-                    result = await service.run(await service.prepare(call))
+                    prep, done = await service.prepare(call), 0
+                    with _Progress(path) as progress:
+                        async for item in service.run_pages(prep):  # pages as they finish, then the result
+                            if isinstance(item, OcrResult):
+                                result = item
+                            else:
+                                done += 1
+                                progress.page(item, done, len(prep.pages))
                 except HyocrError as exc:
                     out.failed(path, exc.message if exc.public else "internal error")
                     continue
-                out.result(path, ocr_body(result))
+                out.result(path, ocr_result_body(result))
         finally:
             await engine.stop()
         return out.finish()
@@ -245,7 +323,10 @@ class _Output:
 def _human(body: dict) -> str:
     """Readable text: fields for extraction, else the page text."""
     lines = []
+    document = len(body["pages"]) > 1 and any(page.get("source") for page in body["pages"])
     for page in body["pages"]:
+        if document:
+            lines.append(f"[page {page['index'] + 1}]")
         if page.get("fields") is not None:
             lines += [f"{k}: {v}" for k, v in page["fields"].items()]
         elif page["text"]:

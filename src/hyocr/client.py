@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self, TypedDict, TypeGuard, Unpack
@@ -54,7 +55,11 @@ class OcrOptions(TypedDict, total=False):
     question: str | None  # task="vqa"
     max_tokens: int | None
     model: str | None  # a LoRA adapter name
+    pages: str | None  # a PDF's pages to read, 1-based: "2-5,8" (default all)
+    prefer_text_layer: bool | None  # task="text": a PDF page's own text when it is reliable
     timeout: float | None  # per attempt, this call only
+    # Called as each page finishes (page, pages done, pages in all): the request streams (stream=true).
+    on_page: Callable[[Page, int, int], None] | None
 
 
 class HyocrClientError(Exception):
@@ -187,6 +192,17 @@ class Page:
     markdown: str | None = None
     fields: dict[str, Any] | None = None
     error: str | None = None
+    dpi: int | None = None  # PDF pages: the resolution it was read at
+    source: str | None = None  # PDF pages: "render" (OCR) | "text_layer" (the PDF's own text)
+
+    @classmethod
+    def from_json(cls, p: dict[str, Any]) -> Page:
+        def block(b: dict[str, Any]) -> Block:
+            polygon = tuple(tuple(pt) for pt in b["polygon"]) if b.get("polygon") else None
+            return Block(b["text"], tuple(b["box"]) if b.get("box") else None, b.get("score"), polygon)
+        return cls(p["index"], p["width"], p["height"], p["text"], [block(b) for b in p["blocks"]],
+                   p["finish_reason"], p.get("markdown"), p.get("fields"), p.get("error"), p.get("dpi"),
+                   p.get("source"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,17 +219,14 @@ class OcrResult:
     usage: dict[str, int]
     timings: dict[str, float]
     raw: dict[str, Any] = field(repr=False, compare=False)
+    markdown: str | None = None  # document parsing: the pages' markdown joined
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> OcrResult:
-        def block(b: dict[str, Any]) -> Block:
-            polygon = tuple(tuple(pt) for pt in b["polygon"]) if b.get("polygon") else None
-            return Block(b["text"], tuple(b["box"]) if b.get("box") else None, b.get("score"), polygon)
-        pages = [Page(p["index"], p["width"], p["height"], p["text"], [block(b) for b in p["blocks"]],
-                      p["finish_reason"], p.get("markdown"), p.get("fields"), p.get("error"))
-                 for p in body["pages"]]
+        pages = [Page.from_json(p) for p in body["pages"]]
         return cls(body["id"], body["model"], body["engine"], body["task"], body["requested_task"],
-                   body["text"], pages, dict(body.get("usage", {})), dict(body.get("timings", {})), body)
+                   body["text"], pages, dict(body.get("usage", {})), dict(body.get("timings", {})), body,
+                   body.get("markdown"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +239,40 @@ class Call:
     parse: Callable[[httpx.Response], Any]
     timeout: float | None = None  # per attempt; None: the client's
     probe: bool = False  # health/ready report the state now: one attempt, any failure reads as False
+    on_page: Callable[[Page, int, int], None] | None = None  # set: the answer is /v1/ocr's event stream
+
+
+_EVENT_STATUS = {"timeout_error": 504, "service_unavailable": 503}
+
+
+def read_events(lines: Iterable[str], on_page: Callable[[Page, int, int], None]) -> OcrResult:
+    """/v1/ocr's server-sent events: ``on_page`` per page event; the result event is returned."""
+    for line in lines:
+        if (result := _event(line, on_page)) is not None:
+            return result
+    raise ConnectionFailed("the event stream ended before the result")
+
+
+async def read_events_async(lines: AsyncIterator[str], on_page: Callable[[Page, int, int], None]) -> OcrResult:
+    async for line in lines:
+        if (result := _event(line, on_page)) is not None:
+            return result
+    raise ConnectionFailed("the event stream ended before the result")
+
+
+def _event(line: str, on_page: Callable[[Page, int, int], None]) -> OcrResult | None:
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return None
+    event = json.loads(line[6:])
+    if "error" in event:  # a failure after the stream had started
+        detail = event["error"]
+        raise APIError(_EVENT_STATUS.get(detail.get("type"), 500), detail.get("message", "error"),
+                       type=detail.get("type"), code=detail.get("code"))
+    if event.get("object") == "ocr.page":
+        on_page(Page.from_json(event["page"]), event["completed"], event["total"])
+    elif event.get("object") == "ocr.result":
+        return OcrResult.from_json(event)
+    return None
 
 
 def _is_data_url(image: ImageInput) -> TypeGuard[str]:
@@ -248,6 +295,9 @@ def ocr_call(images: Sequence[ImageInput], options: OcrOptions, *, many: bool = 
     if unknown := set(given) - set(OcrOptions.__annotations__):
         raise TypeError(f"unexpected option(s): {', '.join(sorted(unknown))}")
     timeout = given.pop("timeout", None)
+    on_page = given.pop("on_page", None)
+    if on_page is not None:
+        given["stream"] = True
     if isinstance(given.get("fields"), str):
         given["fields"] = given["fields"].split(",")
     if "fields" in given:
@@ -258,9 +308,10 @@ def ocr_call(images: Sequence[ImageInput], options: OcrOptions, *, many: bool = 
         kwargs: dict[str, Any] = {"json": {"images": pages, **body} if many else {"image": pages[0], **body}}
     else:
         name, data = _image_bytes(images[0])
-        form = {k: ",".join(v) if isinstance(v, list) else str(v) for k, v in body.items()}
+        form = {k: ",".join(v) if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in body.items()}
         kwargs = {"files": {"file": (name, data, "application/octet-stream")}, "data": form}
-    return Call("POST", "/v1/ocr", kwargs, lambda r: OcrResult.from_json(r.json()), timeout)
+    return Call("POST", "/v1/ocr", kwargs, lambda r: OcrResult.from_json(r.json()), timeout, on_page=on_page)
 
 
 def chat_call(messages: list[dict[str, Any]], timeout: float | None, body: dict[str, Any]) -> Call:
@@ -331,8 +382,15 @@ class HyocrClient(_Base):
         while True:
             timeout, request_id = state.start()
             try:
-                result: Any = self._http.request(call.method, call.path, timeout=timeout,
-                                                 headers={"X-Request-ID": request_id}, **call.kwargs)
+                if call.on_page is None:
+                    result: Any = self._http.request(call.method, call.path, timeout=timeout,
+                                                     headers={"X-Request-ID": request_id}, **call.kwargs)
+                else:
+                    with self._http.stream(call.method, call.path, timeout=timeout,
+                                           headers={"X-Request-ID": request_id}, **call.kwargs) as result:
+                        if result.is_success:
+                            return read_events(result.iter_lines(), call.on_page)
+                        result.read()
             except httpx.TransportError as exc:
                 result = exc
             done, value = self._settle(state, call, result, timeout, request_id)
@@ -341,7 +399,7 @@ class HyocrClient(_Base):
             self._sleep(value)
 
     def ocr(self, image: ImageInput, **options: Unpack[OcrOptions]) -> OcrResult:
-        """Read one image: bytes, a path (str or Path), or a ``data:`` URL."""
+        """Read one image or PDF: bytes, a path (str or Path), or a ``data:`` URL."""
         return self._run(ocr_call([image], options))
 
     def ocr_many(self, images: Sequence[ImageInput], **options: Unpack[OcrOptions]) -> OcrResult:
@@ -373,8 +431,15 @@ class AsyncHyocrClient(_Base):
         while True:
             timeout, request_id = state.start()
             try:
-                result: Any = await self._http.request(call.method, call.path, timeout=timeout,
-                                                       headers={"X-Request-ID": request_id}, **call.kwargs)
+                if call.on_page is None:
+                    result: Any = await self._http.request(call.method, call.path, timeout=timeout,
+                                                           headers={"X-Request-ID": request_id}, **call.kwargs)
+                else:
+                    async with self._http.stream(call.method, call.path, timeout=timeout,
+                                                 headers={"X-Request-ID": request_id}, **call.kwargs) as result:
+                        if result.is_success:
+                            return await read_events_async(result.aiter_lines(), call.on_page)
+                        await result.aread()
             except httpx.TransportError as exc:
                 result = exc
             done, value = self._settle(state, call, result, timeout, request_id)

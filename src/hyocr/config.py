@@ -117,6 +117,22 @@ class Settings(BaseSettings):
     max_images_per_request: int = Field(8, ge=1, le=1000)
     image_formats: tuple[ImageFormat, ...] = ("PNG", "JPEG", "WEBP", "BMP", "TIFF")
 
+    # PDF: documents are rendered page by page in worker processes (pipeline/pdf.py)
+    max_pages: int = Field(64, ge=1, le=10_000, description="PDF pages per request (after a pages= selection)")
+    max_pdf_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="PDF size cap, checked before rendering")
+    pdf_workers: int = Field(2, ge=1, le=64, description="PDF render worker processes")
+    pdf_render_timeout: float = Field(15.0, gt=0, le=3600, description="seconds to open a PDF or render one "
+                                      "page; then the worker is killed and the request gets 422")
+    pdf_worker_memory_mb: int = Field(1024, ge=0, le=1_048_576,
+                                      description="address-space limit of a render worker, MiB (0: none)")
+    pdf_max_dpi: int = Field(300, ge=36, le=1200, description="highest DPI a PDF page is rendered at")
+    pdf_min_dpi: int = Field(36, ge=1, le=1200, description="a page that does not fit the pixel caps at "
+                             "this DPI is refused (413)")
+    pdf_detector_dpi: int = Field(150, ge=36, le=1200, description="DPI for engines that are not HunyuanOCR "
+                                  "(rapidocr)")
+    pdf_max_visual_tokens: int | None = Field(None, ge=64, description="HunyuanOCR engines: visual tokens a "
+                                              "page may cost (default: those of a max_pixels square page)")
+
     @field_validator("image_formats", mode="before")
     @classmethod
     def _split_formats(cls, v: object) -> object:
@@ -136,6 +152,13 @@ class Settings(BaseSettings):
     def _pixel_bounds(self) -> Settings:
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"min_pixels ({self.min_pixels}) must be <= max_pixels ({self.max_pixels})")
+        return self
+
+    @model_validator(mode="after")
+    def _pdf_dpi_range(self) -> Settings:
+        if not self.pdf_min_dpi <= min(self.pdf_max_dpi, self.pdf_detector_dpi):
+            raise ValueError(f"pdf_min_dpi ({self.pdf_min_dpi}) must be <= pdf_max_dpi ({self.pdf_max_dpi}) "
+                             f"and pdf_detector_dpi ({self.pdf_detector_dpi})")
         return self
 
     @property

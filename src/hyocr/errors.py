@@ -115,3 +115,14 @@ class EngineError(HyocrError):
 
     status = 500
     type = "engine_error"
+
+
+def engine_failure(exc: BaseException, what: str) -> HyocrError:
+    """An engine exception as the client should see it: out of GPU memory is a 503 the client may retry
+    (and ``hyocr bench`` counts as OOM); anything else an internal engine error."""
+    text = f"{type(exc).__name__}: {exc}"
+    if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in text.lower():
+        return ServiceUnavailable("the GPU ran out of memory; retry later or send smaller images",
+                                  code="out_of_memory")
+    return EngineError(f"{what}: {text}")
+

@@ -7,7 +7,7 @@ Everything here is immutable once built, so one request's options never leak int
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from PIL import Image
@@ -38,20 +38,34 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class PageImage:
-    """One decoded, validated page: RGB pixels plus where they came from."""
+    """One decoded, validated page: RGB pixels plus where they came from.
 
-    image: Image.Image
-    index: int = 0
-    source_format: str = ""  # PNG, JPEG, ...
+    A page of a PDF also says how it was read: rendered at ``dpi``, or (``source="text_layer"``) taken
+    from the document's own text, or not readable (``error``). The last two carry no image and never
+    reach an engine; their ``size`` is the page at ``dpi``.
+    """
+
+    image: Image.Image | None
+    index: int = 0  # the page's position in its source: the image in the request, the page of the PDF
+    source_format: str = ""  # PNG, JPEG, ..., PDF
     source_bytes: int = 0
+    dpi: int | None = None  # PDF pages: the resolution the page was rendered at (or sized at)
+    source: str | None = None  # PDF pages: "render" | "text_layer"
+    text: str | None = None  # the PDF's own text for this page, used instead of the engine
+    error: str | None = None  # the PDF page could not be rendered
+    size: tuple[int, int] = (0, 0)  # width, height of a page without an image
 
     @property
     def width(self) -> int:
-        return self.image.width
+        return self.image.width if self.image is not None else self.size[0]
 
     @property
     def height(self) -> int:
-        return self.image.height
+        return self.image.height if self.image is not None else self.size[1]
+
+    @property
+    def needs_engine(self) -> bool:
+        return self.image is not None and self.text is None and self.error is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +159,14 @@ class PageResult:
     error: str | None = None  # a per-page problem (unparseable JSON, failed page)
     raw_text: str = ""  # what the engine produced, before clean-up
     usage: Usage = field(default_factory=Usage)
+    dpi: int | None = None  # PDF pages: the resolution the page was read at
+    source: str | None = None  # PDF pages: "render" (OCR of the rendered page) | "text_layer"
+
+    def read_from(self, page: PageImage) -> PageResult:
+        """This result stamped with how its PDF page was read (a no-op for images)."""
+        if page.dpi is None and page.source is None:
+            return self
+        return replace(self, dpi=page.dpi, source=page.source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,3 +183,10 @@ class OcrResult:
     @property
     def text(self) -> str:
         return "\n\n".join(p.text for p in self.pages if p.text)
+
+    @property
+    def markdown(self) -> str | None:
+        """The pages' markdown joined (document parsing); None when no page has any."""
+        if all(p.markdown is None for p in self.pages):
+            return None
+        return "\n\n".join(p.markdown for p in self.pages if p.markdown)

@@ -8,28 +8,14 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pytest
-from browser import choose_task, chromium, open_ui, shot, status, upload
+from browser import choose_task, open_ui, shot, status, upload
 from imaging import card, chinese_card, squash
 from PIL import Image
 
 from hyocr.ui.render import BOX_COLOUR
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser, rapid_server):
-    with open_ui(browser, rapid_server) as tab:
-        yield tab
 
 
 def test_spotting_a_card_streams_text_draws_boxes_and_downloads_json(page, tmp_path):

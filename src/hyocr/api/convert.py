@@ -163,4 +163,7 @@ def ocr_call(
         sampling=sampling_from(req, settings),
         strict_task=True,
         model=req.model,
+        accept_pdf=True,
+        pages=req.pages.strip() if req.pages and req.pages.strip() else None,
+        prefer_text_layer=req.prefer_text_layer,
     )

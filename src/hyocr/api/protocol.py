@@ -123,14 +123,18 @@ class CompletionRequest(SamplingFields):
 
 
 class OcrJsonRequest(SamplingFields):
-    image: str | None = Field(None, description="base64 or data URL")
-    images: list[str] | None = Field(None, max_length=64, description="several pages")
+    image: str | None = Field(None, description="base64 or data URL: an image or a PDF")
+    images: list[str] | None = Field(None, max_length=64, description="several pages (images)")
     task: str = "spotting"
     fields: list[str] | str | None = Field(None, description="field names for task=extract")
     language: str = Field("en", description="target language for task=translate: en | zh")
     question: str | None = Field(None, description="the question for task=vqa")
     prompt_language: Literal["zh", "en"] | None = None
     model: str | None = Field(None, description="a LoRA adapter name to use (the base model otherwise)")
+    pages: str | None = Field(None, max_length=1000, description="PDF pages to read, 1-based: 2-5,8 (default all)")
+    prefer_text_layer: bool = Field(False, description="task text: take a PDF page's own text when it is "
+                                    "reliable instead of OCR (the page's source says which)")
+    stream: bool = Field(False, description="server-sent events: one per page as it finishes, then the result")
 
 
 class Block(BaseModel):
@@ -150,6 +154,9 @@ class Page(BaseModel):
     markdown: str | None = None
     fields: dict[str, Any] | None = None
     error: str | None = None
+    dpi: int | None = Field(None, description="PDF pages: the resolution the page was read at")
+    source: Literal["render", "text_layer"] | None = Field(None, description="PDF pages: OCR of the rendered "
+                                                           "page, or the PDF's own text")
 
 
 class UsageInfo(BaseModel):
@@ -167,9 +174,20 @@ class OcrResponse(BaseModel):
     task: str
     requested_task: str
     text: str
+    markdown: str | None = Field(None, description="document parsing: the pages' markdown joined")
     pages: list[Page]
     usage: UsageInfo
     timings: dict[str, float]
+
+
+class OcrPageEvent(BaseModel):
+    """stream=true: one event per page, in the order pages finish; the last event is the OcrResponse."""
+
+    id: str
+    object: Literal["ocr.page"] = "ocr.page"
+    page: Page
+    completed: int = Field(description="pages finished so far, this one included")
+    total: int
 
 
 class ErrorDetail(BaseModel):

@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
+import re
 import statistics
-import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import httpx
 
+from .gpu import NVIDIA_SMI, GpuMemorySampler, GpuProbe, PeakSampler
 from .workload import Workload
+
+__all__ = ["GpuMemorySampler", "LevelResult", "Sample", "error_kind", "one_request", "run_level"]
+
+# CUDA's "CUDA out of memory", torch's OutOfMemoryError, vLLM's messages, an "out_of_memory" code.
+_OOM = re.compile(r"out[ _]of[ _]memory|outofmemory|\boom\b", re.IGNORECASE)
 
 
 @dataclass(slots=True)
@@ -27,7 +33,7 @@ class Sample:
     ttft: float | None = None
     completion_tokens: int = 0
     prompt_tokens: int = 0
-    error: str | None = None  # "http_503", "timeout", "connection", ...
+    error: str | None = None  # error_kind(): "oom", "http_503", "timeout", "connection", ...
 
 
 @dataclass(slots=True)
@@ -35,6 +41,7 @@ class LevelResult:
     concurrency: int
     requests: int
     errors: int
+    error_rate: float = field(init=False)  # errors / requests
     duration_s: float
     throughput_rps: float
     output_tokens_per_s: float
@@ -47,9 +54,30 @@ class LevelResult:
     completion_tokens_mean: float
     peak_gpu_memory_bytes: int | None
     error_breakdown: dict[str, int] = field(default_factory=dict)
+    peak_gpu_memory_source: str | None = None  # gpu.SERVER_METRICS | gpu.NVIDIA_SMI | None
+
+    def __post_init__(self) -> None:
+        self.error_rate = round(self.errors / self.requests, 4) if self.requests else 0.0
+        if self.peak_gpu_memory_bytes is not None and self.peak_gpu_memory_source is None:
+            self.peak_gpu_memory_source = NVIDIA_SMI  # callers that predate the field only had nvidia-smi
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def error_kind(status: int | None, body: str = "") -> str:
+    """The error breakdown key of a failed request: "oom" when a server error says the engine ran out of
+    memory (in its message, type or code), else ``http_<status>``, or for an error event inside a
+    200 stream its error type."""
+    if (status is None or status >= 500) and _OOM.search(body):
+        return "oom"
+    if status is not None:
+        return f"http_{status}"
+    try:
+        error = json.loads(body)
+    except ValueError:
+        return "error"
+    return str(error.get("type") or "error") if isinstance(error, dict) else "error"
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -67,14 +95,15 @@ async def one_request(client: httpx.AsyncClient, body: dict) -> Sample:
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
             if resp.status_code != 200:
-                await resp.aread()
-                return Sample(False, time.perf_counter() - started, error=f"http_{resp.status_code}")
+                text = (await resp.aread()).decode(errors="replace")
+                return Sample(False, time.perf_counter() - started, error=error_kind(resp.status_code, text))
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[6:])
                 if "error" in event:
-                    return Sample(False, time.perf_counter() - started, error=event["error"].get("type", "error"))
+                    kind = error_kind(None, json.dumps(event["error"], ensure_ascii=False))
+                    return Sample(False, time.perf_counter() - started, error=kind)
                 if event.get("usage"):
                     usage = event["usage"]
                 if ttft is None and any((c.get("delta") or {}).get("content") for c in event.get("choices", [])):
@@ -87,62 +116,24 @@ async def one_request(client: httpx.AsyncClient, body: dict) -> Sample:
                   usage.get("prompt_tokens", 0))
 
 
-class GpuMemorySampler:
-    """Peak GPU memory in use (all processes, as nvidia-smi reports it) while a level runs."""
-
-    def __init__(self, interval: float = 0.2) -> None:
-        self.interval = interval
-        self.peak: int | None = None
-        self._task: asyncio.Task | None = None
-
-    @staticmethod
-    def available() -> bool:
-        return shutil.which("nvidia-smi") is not None
-
-    async def _run(self) -> None:
-        while True:
-            proc = await asyncio.create_subprocess_exec(
-                "nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            )
-            out, _ = await proc.communicate()
-            try:
-                used = sum(int(v) for v in out.decode().split()) * 1024 * 1024
-                self.peak = max(self.peak or 0, used)
-            except ValueError:
-                pass
-            await asyncio.sleep(self.interval)
-
-    def __enter__(self) -> GpuMemorySampler:
-        if self.available():
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-
 async def run_level(
     url: str, workload: Workload, *, concurrency: int, requests: int, offset: int = 0,
-    timeout: float = 600.0, model: str = "hyocr", progress=None,
+    timeout: float = 600.0, model: str = "hyocr", progress: Callable[[], object] | None = None,
+    headers: dict[str, str] | None = None, gpu: GpuProbe | None = None,
 ) -> LevelResult:
     bodies = [workload.chat_body(offset + i, model) for i in range(requests)]
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     samples: list[Sample] = []
-    queue: asyncio.Queue = asyncio.Queue()
-    for body in bodies:
-        queue.put_nowait(body)
+    pending = iter(bodies)
 
-    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits, headers=headers) as client:
         async def worker() -> None:
-            while not queue.empty():
-                body = queue.get_nowait()
+            for body in pending:  # shared iterator: each body is taken by exactly one worker
                 samples.append(await one_request(client, body))
                 if progress is not None:
                     progress()
 
-        with GpuMemorySampler() as gpu:
+        async with PeakSampler(gpu.read if gpu else None) as memory:
             started = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(concurrency)))
             duration = time.perf_counter() - started
@@ -167,6 +158,7 @@ async def run_level(
         ttft_p99_s=round(_quantile(ttfts, 0.99), 4) if ttfts else None,
         prompt_tokens_mean=round(statistics.fmean([s.prompt_tokens for s in ok]), 1) if ok else 0.0,
         completion_tokens_mean=round(statistics.fmean([s.completion_tokens for s in ok]), 1) if ok else 0.0,
-        peak_gpu_memory_bytes=gpu.peak,
+        peak_gpu_memory_bytes=memory.peak,
         error_breakdown=breakdown,
+        peak_gpu_memory_source=gpu.source if gpu and memory.peak is not None else None,
     )

@@ -136,6 +136,8 @@ class FakeEngine(Engine):
             if script.hang or self.crashed:
                 await self._wait_or_stopped(None)
             words = fake_output(request, loop=script.loop)
+            if request.sampling.ignore_eos:  # as a model does: go on to max_tokens (benchmarks)
+                words = [words[i % len(words)] for i in range(max_tokens)]
             count = 0
             for count, word in enumerate(words, start=1):
                 if count > 1 and script.fail_mid:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import SettingsError
-from ..errors import EngineError, InvalidRequest, ServiceUnavailable
+from ..errors import InvalidRequest, ServiceUnavailable, engine_failure
 from ..types import EngineChunk, EngineRequest, FinishReason, SamplingParams
 from .base import Engine, EngineInfo
 from .hunyuan import PixelBounds, fit_image, sampling_defaults
@@ -242,7 +242,7 @@ class TransformersEngine(Engine):
                 self._run_batch(batch)
             except Exception as exc:  # one bad batch must not kill the worker
                 log.exception("transformers batch of %d failed", len(batch))
-                error = EngineError(f"generation failed: {type(exc).__name__}: {exc}")
+                error = engine_failure(exc, "generation failed")
                 for j in batch:
                     j.emit(error)
 

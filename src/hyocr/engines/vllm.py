@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import SettingsError
-from ..errors import EngineError, InvalidRequest, ServiceUnavailable
+from ..errors import InvalidRequest, ServiceUnavailable, engine_failure
 from ..types import EngineChunk, EngineRequest, FinishReason, PageImage, SamplingParams, Task
 from .base import Engine, EngineInfo
 from .hunyuan import IMAGE_PLACEHOLDER, PixelBounds, fit_image, sampling_kwargs
@@ -203,7 +203,7 @@ class VllmEngine(Engine):
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
-            raise EngineError(f"vLLM generation failed: {type(exc).__name__}: {exc}") from exc
+            raise engine_failure(exc, "vLLM generation failed") from exc
         finally:
             if not finished:
                 await self.abort(request.request_id)

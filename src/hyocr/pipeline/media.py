@@ -29,7 +29,8 @@ _SIGNATURES: tuple[tuple[str, object], ...] = (
     ("BMP", lambda b: b.startswith(b"BM") and len(b) > 14),
     ("JPEG2000", lambda b: b.startswith(b"\x00\x00\x00\x0cjP  ") or b.startswith(b"\xffO\xffQ")),
 )
-# Recognised, never decoded: formats whose decoders are risky or that need another pipeline.
+# Recognised, never decoded: formats whose decoders are risky or that need another pipeline
+# (PDF has its own: pipeline/pdf.py renders it in a worker process).
 _REFUSED: tuple[tuple[str, object], ...] = (
     ("PDF", lambda b: b.lstrip()[:5] == b"%PDF-"),
     ("EPS", lambda b: b.startswith(b"%!PS") or b.startswith(b"\xc5\xd0\xd3\xc6")),
@@ -47,14 +48,29 @@ class MediaLimits:
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     formats: frozenset[str] = frozenset({"PNG", "JPEG", "WEBP", "BMP", "TIFF"})
+    max_pdf_bytes: int = 50 * 1024 * 1024
 
     @classmethod
     def from_settings(cls, settings) -> MediaLimits:
-        return cls(settings.max_image_bytes, settings.max_image_pixels, frozenset(settings.image_formats))
+        return cls(settings.max_image_bytes, settings.max_image_pixels, frozenset(settings.image_formats),
+                   settings.max_pdf_bytes)
 
 
-def decode_base64(data: str, limits: MediaLimits, *, param: str = "image") -> bytes:
-    """Base64 or a ``data:`` URL -> bytes, refusing oversized payloads before decoding them."""
+def is_pdf(data: bytes) -> bool:
+    return sniff_format(data) == "PDF"
+
+
+def check_pdf_size(data: bytes, limits: MediaLimits, *, param: str = "image") -> None:
+    if len(data) > limits.max_pdf_bytes:
+        raise PayloadTooLarge(f"the PDF is larger than the {limits.max_pdf_bytes} byte limit", param=param)
+
+
+def decode_base64(data: str, limits: MediaLimits, *, param: str = "image", max_bytes: int | None = None) -> bytes:
+    """Base64 or a ``data:`` URL -> bytes, refusing oversized payloads before decoding them.
+
+    ``max_bytes`` (default: the image cap) is the largest decoded size accepted: a caller that takes
+    PDFs passes the larger of both caps and checks the one that applies once the format is known."""
+    max_bytes = limits.max_image_bytes if max_bytes is None else max_bytes
     if not isinstance(data, str) or not data.strip():
         raise InvalidMedia("image data is empty", param=param)
     payload = data.strip()
@@ -66,10 +82,8 @@ def decode_base64(data: str, limits: MediaLimits, *, param: str = "image") -> by
     # Decoded size is exactly 3/4 of the base64 digits (whitespace and padding excluded): check it
     # before allocating anything (str.count scans without copying).
     digits = len(payload) - sum(payload.count(c) for c in " \n\r\t=")
-    if digits * 3 // 4 > limits.max_image_bytes:
-        raise PayloadTooLarge(
-            f"image is larger than the {limits.max_image_bytes} byte limit", param=param
-        )
+    if digits * 3 // 4 > max_bytes:
+        raise PayloadTooLarge(f"image is larger than the {max_bytes} byte limit", param=param)
     if any(c in payload for c in " \n\r\t"):
         payload = re.sub(r"\s+", "", payload)
     if "-" in payload or "_" in payload:  # url-safe alphabet
@@ -103,6 +117,9 @@ def load_image(data: bytes, limits: MediaLimits, *, index: int = 0, param: str =
         raise InvalidMedia("file is not a recognised image (PNG, JPEG, WebP, BMP, TIFF)", param=param)
     if fmt not in limits.formats:
         allowed = ", ".join(sorted(limits.formats))
+        if fmt == "PDF":
+            raise UnsupportedMediaType(f"PDF documents are read by /v1/ocr (one per request); here send "
+                                       f"images: {allowed}", param=param)
         raise UnsupportedMediaType(f"{fmt} files are not accepted; allowed: {allowed}", param=param)
     try:
         image = Image.open(io.BytesIO(data), formats=[fmt])  # header only, no pixels yet

@@ -13,6 +13,7 @@ Routes stay thin: they turn wire models into an ``OcrCall`` and render what come
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -39,7 +40,8 @@ from . import postprocess
 from .admission import Admission, Ticket
 from .fetch import FetchPolicy, fetch_image
 from .pages import build_page, cut_loops
-from .media import MediaLimits, decode_base64, load_image
+from .media import MediaLimits, check_pdf_size, decode_base64, is_pdf, load_image
+from .pdf import PdfRenderer, RenderPlan, page_without_engine
 from .tasks import build_prompt
 
 
@@ -71,6 +73,10 @@ class OcrCall:
     # /v1/ocr asks for a task explicitly (unsupported -> 400); chat clients get the closest task
     # the engine can run (text) and are told which one ran.
     strict_task: bool = True
+    # PDF documents, where the caller takes them (/v1/ocr, the UI, the CLI; chat routes take images)
+    accept_pdf: bool = False
+    pages: str | None = None  # "2-5,8": the PDF pages to read (1-based); None: all
+    prefer_text_layer: bool = False  # task text: a PDF page's own text, when reliable, instead of OCR
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,9 @@ class OcrService:
         admission: Admission | None = None,
         request_timeout: float = 300.0,
         fetch_policy: FetchPolicy | None = None,
+        max_pages: int = 64,
+        pdf: PdfRenderer | None = None,
+        pdf_plan: RenderPlan | None = None,
     ) -> None:
         self.engine = engine
         self.limits = limits or MediaLimits()
@@ -109,6 +118,9 @@ class OcrService:
         self.admission = admission or Admission(max_concurrency=64, max_queue=256)
         self.request_timeout = request_timeout
         self.fetch_policy = fetch_policy or FetchPolicy(())
+        self.max_pages = max_pages
+        self.pdf = pdf or PdfRenderer()  # worker processes start on the first PDF
+        self.pdf_plan = pdf_plan or RenderPlan.for_engine(engine.info.follows_prompts)
         self.last_progress = time.monotonic()  # when the engine last produced output (stall watchdog)
 
     @classmethod
@@ -123,6 +135,10 @@ class OcrService:
             admission=Admission(settings.max_concurrency, settings.max_queue),
             request_timeout=settings.request_timeout,
             fetch_policy=FetchPolicy.from_settings(settings),
+            max_pages=settings.max_pages,
+            pdf=PdfRenderer(workers=settings.pdf_workers, timeout=settings.pdf_render_timeout,
+                            memory_mb=settings.pdf_worker_memory_mb),
+            pdf_plan=RenderPlan.for_engine(engine.info.follows_prompts, settings),
         )
 
     @property
@@ -247,7 +263,7 @@ class OcrService:
                 ))
             media = tuple(MediaInput(data, m.param) for data, m in zip(fetched, media, strict=True))
         with span("hyocr.decode", images=len(media)):
-            pages = await asyncio.to_thread(self._decode_all, media)
+            pages = await self._load_pages(media, call, task)
         record(images=len(pages), image_bytes=sum(p.source_bytes for p in pages),
                image_pixels=sum(p.width * p.height for p in pages), task=task.value,
                decode_ms=round((time.perf_counter() - started) * 1000, 2))
@@ -261,10 +277,32 @@ class OcrService:
             decode_ms=(time.perf_counter() - started) * 1000,
         )
 
-    def _decode_all(self, media: tuple[MediaInput, ...]) -> tuple[PageImage, ...]:
+    async def _load_pages(self, media: tuple[MediaInput, ...], call: OcrCall, task: Task) -> tuple[PageImage, ...]:
+        """Images decoded on a thread; a PDF (alone in its request) rendered by the PDF workers."""
+        if call.accept_pdf and len(media) == 1:
+            item = media[0]
+            raw = item.data if isinstance(item.data, bytes) else await asyncio.to_thread(
+                decode_base64, item.data, self.limits, param=item.param,
+                max_bytes=max(self.limits.max_image_bytes, self.limits.max_pdf_bytes))
+            if is_pdf(raw):
+                check_pdf_size(raw, self.limits, param=item.param)
+                plan = replace(self.pdf_plan, pages=call.pages, max_pages=self.max_pages,
+                               text_layer=call.prefer_text_layer and task is Task.TEXT)
+                document = await self.pdf.render(raw, plan, param=item.param)
+                record(pdf_bytes=len(raw), pdf_pages=document.page_count)
+                return document.pages
+            media = (MediaInput(raw, item.param),)
+        if call.pages is not None:
+            raise InvalidRequest("pages selects pages of a PDF; this request has images", param="pages")
+        return await asyncio.to_thread(self._decode_all, media, call.accept_pdf)
+
+    def _decode_all(self, media: tuple[MediaInput, ...], accept_pdf: bool = False) -> tuple[PageImage, ...]:
         pages = []
         for i, item in enumerate(media):
             raw = item.data if isinstance(item.data, bytes) else decode_base64(item.data, self.limits, param=item.param)
+            if accept_pdf and is_pdf(raw):
+                raise InvalidRequest("a PDF is read on its own: send one document per request, without other "
+                                     "files", param=item.param)
             pages.append(load_image(raw, self.limits, index=i, param=item.param))
         return tuple(pages)
 
@@ -369,11 +407,57 @@ class OcrService:
 
     async def run(self, prep: Prepared) -> OcrResult:
         """Every page through the engine concurrently; results in page order."""
+        async with contextlib.aclosing(self.run_pages(prep)) as items:
+            async for item in items:
+                if isinstance(item, OcrResult):
+                    return item
+        raise AssertionError("run_pages ends with the result")
+
+    async def open_pages(
+        self, call: OcrCall, *, request_id: str | None = None
+    ) -> tuple[Prepared, AsyncIterator[PageResult | OcrResult]]:
+        """/v1/ocr streaming: admit and prepare now (so errors are plain HTTP errors), then each page
+        as it finishes and the whole result last, all within the request deadline."""
+        ticket = await self.admission.acquire()
+        deadline = asyncio.get_running_loop().time() + self.request_timeout
+        try:
+            prep = await self._within_deadline(self.prepare(call, request_id=request_id))
+        except BaseException:
+            ticket.release()
+            raise
+        return prep, self._pages_within(prep, ticket, deadline)
+
+    async def _pages_within(
+        self, prep: Prepared, ticket: Ticket, deadline: float
+    ) -> AsyncIterator[PageResult | OcrResult]:
+        try:
+            async for item in self.until_deadline(self.run_pages(prep), deadline):  # type: ignore[arg-type]
+                yield item
+        finally:
+            ticket.release()
+
+    async def run_pages(self, prep: Prepared) -> AsyncIterator[PageResult | OcrResult]:
+        """Every page through the engine concurrently (vLLM batches them): each ``PageResult`` as it
+        finishes, then the ``OcrResult`` with the pages in page order. Closing it cancels the rest."""
         started = time.perf_counter()
-        pages = await asyncio.gather(*(self._run_page(prep, page) for page in prep.pages))
+
+        async def numbered(n: int, page: PageImage) -> tuple[int, PageResult, float]:
+            return (n, *await self._run_page(prep, page))
+
+        tasks = [asyncio.ensure_future(numbered(n, page)) for n, page in enumerate(prep.pages)]
+        pages: list[tuple[int, PageResult, float]] = []
+        try:
+            for finished in asyncio.as_completed(tasks):
+                pages.append(await finished)
+                yield pages[-1][1]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         engine_done = time.perf_counter()
-        results = tuple(r for r, _ in pages)
-        post_ms = sum(ms for _, ms in pages)
+        pages.sort(key=lambda item: item[0])
+        results = tuple(r for _, r, _ in pages)
+        post_ms = sum(ms for _, _, ms in pages)
         usage = Usage()
         for r in results:
             usage = usage + r.usage
@@ -386,7 +470,7 @@ class OcrService:
         record(prompt_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
                repetition_stops=sum(r.finish_reason is FinishReason.REPETITION for r in results),
                engine_ms=timings["engine_ms"], postprocess_ms=timings["postprocess_ms"])
-        return OcrResult(
+        yield OcrResult(
             id=prep.request_id,
             model=self.model_for(prep),
             engine=self.engine.info.name,
@@ -398,6 +482,8 @@ class OcrService:
         )
 
     async def _run_page(self, prep: Prepared, page: PageImage) -> tuple[PageResult, float]:
+        if not page.needs_engine:  # a PDF page read from its text layer, or one that could not be rendered
+            return page_without_engine(page), 0.0
         request = self._engine_request(prep, (page,), f"-p{page.index}" if len(prep.pages) > 1 else "")
         parts: list[str] = []
         blocks: list[TextBlock] = []
@@ -413,7 +499,9 @@ class OcrService:
                 raise
             # One failed page does not fail the document.
             message = exc.message if exc.public else "the engine failed on this page"
-            return PageResult(page.index, page.width, page.height, "", finish_reason=FinishReason.ERROR, error=message), 0.0
+            failed = PageResult(page.index, page.width, page.height, "", finish_reason=FinishReason.ERROR,
+                                error=message)
+            return failed.read_from(page), 0.0
         t0 = time.perf_counter()
         with span("hyocr.postprocess", page=page.index):
             result = build_page(
@@ -426,7 +514,7 @@ class OcrService:
                 prep.call.fields,
                 trim_loops=self.engine.info.follows_prompts,
                 single_key=prep.call.single_key,
-            )
+            ).read_from(page)
         return result, (time.perf_counter() - t0) * 1000
 
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,9 +24,9 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
 import gradio as gr
 
-from ..api.render import ocr_body
+from ..api.routes.ocr import ocr_result_body
 from ..errors import HyocrError, InvalidRequest
-from ..pipeline.media import load_image
+from ..pipeline.media import check_pdf_size, is_pdf, load_image
 from ..pipeline.service import MediaInput, OcrCall, OcrService
 from ..types import SamplingParams, Task
 from . import render
@@ -47,7 +48,7 @@ CONCURRENCY = 16  # UI runs at once; the engine queues or batches them like API 
 _HEAD = ('<link rel="icon" href="data:image/svg+xml,<svg xmlns=%22http://www.w3.org/2000/svg%22 '
          'viewBox=%220 0 100 100%22><text y=%22.9em%22 font-size=%2290%22>🔍</text></svg>">')
 INSTRUCTIONS = """\
-**1.** Upload an image (PNG, JPEG, WebP, BMP or TIFF; several files are read as pages), or pick an example.
+**1.** Upload an image (PNG, JPEG, WebP, BMP or TIFF; several files are read as pages) or a PDF, or pick an example.
 **2.** Choose a task. **3.** Press **Run**: text appears as it is read, then boxes, tables and fields.
 The same service answers the HTTP API: see [/docs](/docs).
 """
@@ -77,7 +78,8 @@ def mount_ui(app: FastAPI, service: OcrService, settings: Settings) -> None:
     gr.mount_gradio_app(
         app, blocks, path=PATH, auth_dependency=ui_auth(settings),
         footer_links=[], run_history=False, show_error=False, mcp_server=False, ssr_mode=False, pwa=False,
-        max_file_size=settings.max_image_bytes, css=CSS, head=_HEAD, theme=gr.themes.Soft(primary_hue="indigo"),
+        max_file_size=max(settings.max_image_bytes, settings.max_pdf_bytes), css=CSS, head=_HEAD,
+        theme=gr.themes.Soft(primary_hue="indigo"),
     )
     app.add_api_route("/", lambda: RedirectResponse(PATH + "/"), include_in_schema=False)
     log.info("web UI at http://%s:%d%s", settings.host, settings.port, PATH)
@@ -88,7 +90,7 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
     workdir = Path(tempfile.mkdtemp(prefix="hyocr-ui-"))
     examples = write_examples(workdir / "examples")
     base_url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}"
-    extensions = sorted({f".{e}" for fmt in settings.image_formats for e in _EXTENSIONS.get(fmt, (fmt,))})
+    extensions = sorted({f".{e}" for fmt in settings.image_formats for e in _EXTENSIONS.get(fmt, (fmt,))} | {".pdf"})
 
     with gr.Blocks(title="hyocr · HunyuanOCR", analytics_enabled=False, delete_cache=(3600, 3600)) as ui:
         state = gr.State(None)  # the finished run: result, its /v1/ocr body, page previews
@@ -99,8 +101,10 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
         gr.Markdown(INSTRUCTIONS, elem_classes="hy-steps")
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=340):
-                files = gr.File(label="Image", file_count="multiple", file_types=extensions, height=150,
+                files = gr.File(label="Image or PDF", file_count="multiple", file_types=extensions, height=150,
                                 elem_id="hy-files")
+                pages = gr.Textbox(label="PDF pages", placeholder=f"all (at most {service.max_pages}), or e.g. 1-3,8",
+                                   visible=False, elem_id="hy-pdf-pages")
                 task = gr.Dropdown(render.task_choices(info), value=Task.SPOTTING.value, label="Task",
                                    elem_id="hy-task")
                 # LoRA adapters the engine serves are chosen by model name, as in the API.
@@ -153,7 +157,7 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
             i = min(max(index or 0, 0), len(snapshot["previews"]) - 1)
             page = snapshot["result"].pages[i]
             return {
-                image: snapshot["previews"][i],
+                image: snapshot["previews"][i],  # None: a PDF page that could not be rendered
                 text: page.text or (f"[{page.error}]" if page.error else ""),
                 rendered: render.rendered_markdown(snapshot["result"].task, page),
                 fields_json: render.fields_view(page),
@@ -173,15 +177,15 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
 
         async def on_upload(paths: list[str] | None) -> dict:
             if not paths:
-                return {image: None, status: render.status_html("Upload an image and press Run.")}
+                return {image: None, pages: gr.Textbox(visible=False),
+                        status: render.status_html("Upload an image and press Run.")}
             try:
-                first = await asyncio.to_thread(_check_files, paths, service)
+                first, what, document = await _check_upload(paths, service)
             except HyocrError as exc:
-                return {image: None, status: render.status_html(_message(exc, [Path(p).name for p in paths]),
-                                                                "error")}
-            pages = f"{len(paths)} pages" if len(paths) > 1 else f"{first.width}×{first.height} image"
-            return {image: render.preview(first)[0],
-                    status: render.status_html(f"{pages} ready: choose a task and press Run.")}
+                return {image: None, pages: gr.Textbox(visible=False),
+                        status: render.status_html(_message(exc, [Path(p).name for p in paths]), "error")}
+            return {image: render.preview(first)[0], pages: gr.Textbox(visible=document),
+                    status: render.status_html(f"{what} ready: choose a task and press Run.")}
 
         stops: dict[str, asyncio.Event] = {}  # session -> its running run's Stop signal
 
@@ -189,7 +193,7 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
             if request.session_hash in stops:
                 stops[request.session_hash].set()
 
-        async def on_run(paths, task_value, fields_text, target, question_text, limit, model_name,
+        async def on_run(paths, task_value, fields_text, target, question_text, limit, model_name, pages_text,
                          request: gr.Request):
             if not paths:
                 yield {status: render.status_html("Upload an image first, or pick an example below.", "error")}
@@ -198,6 +202,7 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
             media = []
             for p in paths:
                 media.append(MediaInput(await asyncio.to_thread(Path(p).read_bytes), param=Path(p).name))
+            document = len(media) == 1 and is_pdf(media[0].data)
             call = OcrCall(
                 media=tuple(media), task=chosen,
                 fields=tuple(f.strip() for f in (fields_text or "").replace("\n", ",").split(",") if f.strip())
@@ -207,6 +212,8 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
                 sampling=SamplingParams(
                     max_tokens=max(1, min(int(limit), settings.max_tokens_limit)) if info.follows_prompts else None),
                 model=model_name,
+                accept_pdf=True,
+                pages=(pages_text or "").strip() or None if document else None,
             )
             yield {status: render.status_html("Reading…", "busy"), text: "", rendered: "", fields_json: None,
                    body_json: None, stats: "", download: gr.DownloadButton(visible=False), state: None,
@@ -220,7 +227,7 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
                         continue
                     update = {text: render.stream_display(chosen, snap.text),
                               status: render.status_html(_reading(snap), "busy")}
-                    if snap.current != shown:
+                    if snap.current != shown and snap.pages[snap.current].image is not None:
                         shown = snap.current
                         update[image] = render.preview(snap.pages[shown].image)[0]
                     yield update
@@ -239,9 +246,10 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
                 yield {status: render.status_html("Stopped.")}
                 return
             result = last.result
-            body = ocr_body(result)
+            body = ocr_result_body(result)
             previews = await asyncio.to_thread(
-                lambda: [render.draw_boxes(p.image, r.blocks) for p, r in zip(last.pages, result.pages)])
+                lambda: [render.draw_boxes(p.image, r.blocks) if p.image is not None else None
+                         for p, r in zip(last.pages, result.pages, strict=True)])
             snapshot = {"result": result, "body": body, "previews": previews}
             saved = workdir / "results" / f"{result.id}.json"
             saved.parent.mkdir(exist_ok=True)
@@ -250,7 +258,7 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
             yield {
                 **show_page(snapshot, 0),
                 status: render.status_html(*_summary(body)),
-                nav: gr.Radio([f"Page {i + 1}" for i in range(len(previews))], value="Page 1", visible=many),
+                nav: gr.Radio(_page_labels(result), value=_page_labels(result)[0], visible=many),
                 download: gr.DownloadButton(value=str(saved), visible=True),
                 tabs: gr.Tabs(selected=render.RESULT_TAB.get(chosen, "text")),
                 state: snapshot,
@@ -261,8 +269,9 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
         # the ones that decode images or run the engine are bounded.
         task.change(on_task, task, [note, snippet, fields, language, question], api_visibility="private",
                     concurrency_limit=None)
-        files.change(on_upload, files, [image, status], api_visibility="private", concurrency_limit=CONCURRENCY)
-        run.click(on_run, [files, task, fields, language, question, max_tokens, model],
+        files.change(on_upload, files, [image, pages, status], api_visibility="private",
+                     concurrency_limit=CONCURRENCY)
+        run.click(on_run, [files, task, fields, language, question, max_tokens, model, pages],
                   [status, nav, download, tabs, state, *view], api_visibility="private",
                   show_progress="minimal", concurrency_limit=CONCURRENCY)
         stop.click(on_stop, None, None, api_visibility="private", queue=False)
@@ -285,13 +294,37 @@ def _example_rows(examples: dict[str, Path], info) -> list[list[Any]]:
     return [[card, Task.SPOTTING.value, ""], [invoice, Task.SPOTTING.value, ""]]
 
 
+async def _check_upload(paths: list[str], service: OcrService):
+    """Validate uploads as a run would (same limits, decoder and renderer): (the first page for the
+    preview, what was uploaded, whether it is a PDF)."""
+    data = await asyncio.to_thread(Path(paths[0]).read_bytes)
+    if not is_pdf(data):
+        first = await asyncio.to_thread(_check_files, paths, service)
+        return first, f"{len(paths)} pages" if len(paths) > 1 else f"{first.width}×{first.height} image", False
+    name = Path(paths[0]).name
+    if len(paths) > 1:
+        raise InvalidRequest("a PDF is read on its own: upload one PDF, or images", param=name)
+    check_pdf_size(data, service.limits, param=name)
+    document = await service.pdf.render(data, replace(service.pdf_plan, pages="1", max_pages=1), param=name)
+    count = document.page_count
+    return document.pages[0].image, f"{count}-page PDF" if count > 1 else "1-page PDF", True
+
+
+def _page_labels(result) -> list[str]:
+    """Page 1, Page 2, ...; a PDF's pages by their numbers in the document (pages=3-4: Page 3, Page 4)."""
+    return [f"Page {page.index + 1}" if page.source else f"Page {i + 1}" for i, page in enumerate(result.pages)]
+
+
 def _check_files(paths: list[str], service: OcrService):
-    """Validate uploads as a run would (same limits, same decoder); the first page, for the preview."""
+    """Validate image uploads as a run would (same limits, same decoder); the first page, for the preview."""
     if len(paths) > service.max_images:
         raise InvalidRequest(f"{len(paths)} images given; at most {service.max_images} per request")
     first = None
     for i, p in enumerate(paths):
-        page = load_image(Path(p).read_bytes(), service.limits, index=i, param=Path(p).name)
+        data = Path(p).read_bytes()
+        if is_pdf(data):
+            raise InvalidRequest("a PDF is read on its own: upload one PDF, or images", param=Path(p).name)
+        page = load_image(data, service.limits, index=i, param=Path(p).name)
         first = first or page.image
     return first
 

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from ..errors import GatewayTimeout, HyocrError
 from ..pipeline.pages import build_page
+from ..pipeline.pdf import page_without_engine
 from ..pipeline.service import OcrCall, OcrService
 from ..types import EngineChunk, FinishReason, OcrResult, PageImage, PageResult, Usage
 
@@ -58,6 +59,10 @@ async def stream_run(service: OcrService, call: OcrCall, *, every: float = 0.05)
         post_ms = 0.0
         done: list[PageResult] = []
         for n, page in enumerate(prep.pages):
+            if not page.needs_engine:  # a PDF page read from its text layer, or one that could not be rendered
+                done.append(page_without_engine(page))
+                yield Snapshot(prep.request_id, prep.pages, n, done[-1].text, tuple(done))
+                continue
             single = replace(prep, pages=(page,), request_id=f"{prep.request_id}-p{n}" if many else prep.request_id)
             raw: list[str] = []
             shown: list[str] = []
@@ -85,14 +90,14 @@ async def stream_run(service: OcrService, call: OcrCall, *, every: float = 0.05)
                     log.error("ui request %s page %d failed: %s", prep.request_id, n, exc.message)
                 message = exc.message if exc.public else "the engine failed on this page"
                 done.append(PageResult(page.index, page.width, page.height, "",
-                                       finish_reason=FinishReason.ERROR, error=message))
+                                       finish_reason=FinishReason.ERROR, error=message).read_from(page))
                 continue
             t0 = time.perf_counter()
             done.append(build_page(
                 prep.task, page, "".join(raw), tuple(blocks), final.finish_reason or FinishReason.STOP,
                 Usage(final.prompt_tokens, final.completion_tokens), prep.call.fields,
                 trim_loops=info.follows_prompts, single_key=prep.call.single_key,
-            ))
+            ).read_from(page))
             post_ms += (time.perf_counter() - t0) * 1000
             yield Snapshot(prep.request_id, prep.pages, n, "".join(shown), tuple(done))
     elapsed = (time.perf_counter() - started) * 1000

@@ -1,22 +1,32 @@
-"""POST /v1/ocr: the OCR-native API. A multipart upload or a JSON body in; structured pages out."""
+"""POST /v1/ocr: the OCR-native API. A multipart upload or a JSON body in; structured pages out.
+
+An image or a PDF (rendered server-side, ``pages`` to choose some); ``stream=true`` answers with
+server-sent events, one per page as it finishes, then the whole result.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from collections.abc import AsyncIterator
 
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ...errors import HyocrError, InvalidRequest, UnsupportedMediaType
 from ...pipeline.service import MediaInput
+from ...types import OcrResult, PageResult
 from ..convert import ocr_call
 from ..disconnect import unless_disconnected
+from ..errors import hyocr_error_body
 from ..protocol import ErrorResponse, OcrJsonRequest, OcrResponse
-from ..render import ocr_body
+from ..render import ocr_body, page_body, sse
 from .deps import service_of, settings_of
 
 router = APIRouter(tags=["ocr"])
 
-_FORM_FIELDS = {"task", "fields", "language", "question", "prompt_language", "max_tokens", "temperature", "model"}
+_FORM_FIELDS = {"task", "fields", "language", "question", "prompt_language", "max_tokens", "temperature", "model",
+                "pages", "prefer_text_layer", "stream"}
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 _DOC = {
     "requestBody": {
@@ -27,12 +37,16 @@ _DOC = {
                     "type": "object",
                     "required": ["file"],
                     "properties": {
-                        "file": {"type": "string", "format": "binary"},
+                        "file": {"type": "string", "format": "binary", "description": "an image or a PDF"},
                         "task": {"type": "string", "default": "spotting"},
                         "fields": {"type": "string", "description": "comma-separated, for task=extract"},
                         "language": {"type": "string", "description": "translation target: en | zh"},
                         "question": {"type": "string", "description": "for task=vqa"},
                         "max_tokens": {"type": "integer"},
+                        "pages": {"type": "string", "description": "PDF pages, 1-based: 2-5,8 (default all)"},
+                        "prefer_text_layer": {"type": "boolean", "description": "task text: a PDF page's own "
+                                              "text when reliable"},
+                        "stream": {"type": "boolean", "description": "server-sent events, one per page"},
                     },
                 }
             },
@@ -40,6 +54,29 @@ _DOC = {
         "required": True,
     }
 }
+
+
+def ocr_result_body(result: OcrResult) -> dict:
+    """The /v1/ocr body: ``ocr_body`` plus what documents add (the joined markdown; per page its DPI
+    and whether it was OCRed or read from the PDF's text layer)."""
+    body = ocr_body(result)
+    if result.markdown is not None:
+        body["markdown"] = result.markdown
+    for page, wire in zip(result.pages, body["pages"], strict=True):
+        _document_fields(page, wire)
+    return body
+
+
+def ocr_page_body(page: PageResult) -> dict:
+    return _document_fields(page, page_body(page))
+
+
+def _document_fields(page: PageResult, wire: dict) -> dict:
+    if page.dpi is not None:
+        wire["dpi"] = page.dpi
+    if page.source is not None:
+        wire["source"] = page.source
+    return wire
 
 
 async def _parse(request: Request) -> tuple[OcrJsonRequest, list[MediaInput]]:
@@ -76,11 +113,36 @@ async def _parse(request: Request) -> tuple[OcrJsonRequest, list[MediaInput]]:
 @router.post(
     "/v1/ocr",
     response_model=OcrResponse,
-    responses={400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 415: {"model": ErrorResponse}},
+    responses={400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 415: {"model": ErrorResponse},
+               422: {"model": ErrorResponse}},
     openapi_extra=_DOC,
-    summary="Recognise text in images: text, boxes in pixels, fields, markdown, per page",
+    summary="Recognise text in images and PDFs: text, boxes in pixels, fields, markdown, per page",
 )
-async def ocr(request: Request) -> dict:
+async def ocr(request: Request):
     body, uploads = await _parse(request)
     call = ocr_call(body, settings_of(request), uploads=uploads)
-    return ocr_body(await unless_disconnected(request, service_of(request).ocr(call)))
+    service = service_of(request)
+    if body.stream:
+        prep, items = await unless_disconnected(request, service.open_pages(call))
+        return StreamingResponse(_events(prep.request_id, len(prep.pages), items), media_type="text/event-stream",
+                                 headers=_SSE_HEADERS)
+    return ocr_result_body(await unless_disconnected(request, service.ocr(call)))
+
+
+async def _events(request_id: str, total: int, items: AsyncIterator[PageResult | OcrResult]) -> AsyncIterator[bytes]:
+    """Pages as they finish (``ocr.page``), the whole result (``ocr.result``), ``[DONE]``. A failure
+    after the first event is an error event (the status line has gone)."""
+    done = 0
+    try:
+        async for item in items:
+            if isinstance(item, OcrResult):
+                yield sse(ocr_result_body(item))
+            else:
+                done += 1
+                yield sse({"id": request_id, "object": "ocr.page", "page": ocr_page_body(item),
+                           "completed": done, "total": total})
+    except HyocrError as exc:
+        yield sse(hyocr_error_body(exc, request_id)[1])
+    finally:
+        await items.aclose()  # a client gone: the pages still running are cancelled now
+    yield sse("[DONE]")
