@@ -5,6 +5,10 @@ seeded card workload and the same client (``hyocr bench``), one target at a time
     python benchmarks/engines_gpu.py OUT_DIR [targets...]     targets: vllm-serve hyocr-vllm hyocr-transformers,
                                                                or hyocr-vllm+NAME (a variant in VARIANTS)
 
+Environment: HYOCR_BENCH_WORKLOAD (card,page: each on the same server start), HYOCR_BENCH_CONCURRENCY,
+HYOCR_BENCH_MAX_TOKENS, HYOCR_BENCH_SERVER_ARGS, HYOCR_BENCH_PYSPY (a py-spy binary: a profile of each server).
+Beside each bench JSON, WORKLOAD-TARGET.gpu.csv traces GPU utilisation and memory every 250 ms.
+
 Each target: start the server, wait until ready, run `hyocr bench`, stop it. Results (the bench JSON per
 target, plus the server log) go to OUT_DIR. Random weights never emit EOS usefully, so every request
 generates exactly --max-tokens (ignore_eos), as in the reference measurements (DEVICE.md).
@@ -12,7 +16,9 @@ generates exactly --max-tokens (ignore_eos), as in the reference measurements (D
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,8 +38,10 @@ VARIANTS = {
     "bt16k": "--max-num-batched-tokens 16384",
     "stream4": "--stream-interval 4",
     "seqs128": "--max-num-seqs 128 --max-concurrency 128",
+    "kv850": "--expected-tokens 850",
 }
 MAX_TOKENS = os.environ.get("HYOCR_BENCH_MAX_TOKENS", "150")
+PYSPY = os.environ.get("HYOCR_BENCH_PYSPY")  # path of a py-spy binary: profile each server
 
 
 def build_checkpoint() -> None:
@@ -80,13 +88,37 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600) -> float:
     raise RuntimeError("server not ready in time")
 
 
+def safe(target: str) -> str:
+    """File names without '+', which the GPU machine's file transfer refuses."""
+    return target.replace("+", "--")
+
+
+@contextlib.contextmanager
+def gpu_trace(path: Path):
+    """GPU utilisation and memory every 250 ms while the block runs (is the GPU the limit?)."""
+    if not shutil.which("nvidia-smi"):
+        yield
+        return
+    with open(path, "w") as f:
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,utilization.gpu,memory.used",
+                                "--format=csv,noheader,nounits", "-lms", "250"], stdout=f)
+        try:
+            yield
+        finally:
+            smi.terminate()
+            smi.wait(timeout=10)
+
+
 def run_target(target: str, out: Path) -> None:
     port = 8100
     url = f"http://127.0.0.1:{port}"
-    log = open(out / f"{target}.server.log", "w")
+    log = open(out / f"{safe(target)}.server.log", "w")
     env = {**os.environ, "HYOCR_UI": "false", "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen(server_command(target, port), stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    command = server_command(target, port)
+    if PYSPY:  # a profile of the server process (its event loop and threads) for the whole run
+        command = [PYSPY, "record", "-r", "50", "-f", "raw", "-o", str(out / f"{safe(target)}.pyspy.txt"), "--",
+                   *command]
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         ready = wait_ready(url, proc)
         print(f"{target}: ready in {ready:.0f}s", flush=True)
@@ -95,8 +127,9 @@ def run_target(target: str, out: Path) -> None:
         for workload in WORKLOADS:
             bench = [sys.executable, "-m", "hyocr", "bench", "--url", url, "--workload", workload,
                      "--concurrency", CONCURRENCY, "--max-tokens", MAX_TOKENS, "--fixed-output",
-                     "--label", target, "--output", str(out / f"{workload}-{target}.json"), *requests]
-            done = subprocess.run(bench, check=False, env=env, stderr=subprocess.DEVNULL, capture_output=False)
+                     "--label", target, "--output", str(out / f"{workload}-{safe(target)}.json"), *requests]
+            with gpu_trace(out / f"{workload}-{safe(target)}.gpu.csv"):
+                done = subprocess.run(bench, check=False, env=env, stderr=subprocess.DEVNULL)
             print(f"{target} {workload}: bench exit {done.returncode}", flush=True)
     finally:
         try:

@@ -244,7 +244,7 @@ class _Progress:
 def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
     if args.url:
         return run_remote_ocr(args)
-    from .api.routes.ocr import ocr_result_body
+    from .api.render import ocr_body
     from .engines.registry import create_engine
     from .errors import HyocrError
     from .pipeline.service import MediaInput, OcrCall, OcrService
@@ -281,7 +281,7 @@ def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
                 except HyocrError as exc:
                     out.failed(path, exc.message if exc.public else "internal error")
                     continue
-                out.result(path, ocr_result_body(result))
+                out.result(path, ocr_body(result))
         finally:
             await engine.stop()
         return out.finish()

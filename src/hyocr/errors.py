@@ -97,6 +97,15 @@ class RateLimited(HyocrError):
     public = True
 
 
+class UnprocessableDocument(HyocrError):
+    """A well-formed request whose document (a PDF) could not be rendered in time or crashed the renderer."""
+
+    status = 422
+    type = "invalid_request_error"
+    code = "pdf_render_failed"
+    public = True
+
+
 class ServiceUnavailable(HyocrError):
     status = 503
     type = "service_unavailable"

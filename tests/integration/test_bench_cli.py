@@ -72,6 +72,8 @@ def test_engine_fake_run_writes_json_markdown_and_plot(tmp_path, capsys):
     assert meta["target"] == "engine:fake" and meta["label"] == "fake"
     assert meta["server"]["engine"] == "fake" and meta["server"]["model"] == "fake-ocr"
     assert meta["engine_settings"] == {"engine": "fake", "model": "token_delay=0.001", "max_concurrency": "8"}
+    from importlib.metadata import version
+    assert meta["versions"]["httpx"] == version("httpx") and meta["hyocr"]  # the versions that explain a result
     assert meta["workload"] == {"name": "card", "image_size": [1024, 640], "prompt": "提取图中的文字。",
                                 "max_tokens": 16, "fixed_output": False, "seed": 1234}
     assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]

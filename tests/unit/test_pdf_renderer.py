@@ -12,8 +12,8 @@ import numpy as np
 import pdfs
 import pytest
 
-from hyocr.errors import InvalidMedia, PayloadTooLarge
-from hyocr.pipeline.pdf import PdfRenderer, RenderPlan, UnprocessableDocument
+from hyocr.errors import InvalidMedia, PayloadTooLarge, UnprocessableDocument
+from hyocr.pipeline.pdf import PdfRenderer, RenderPlan
 
 DETECTOR = RenderPlan(fixed_dpi=150, max_pixels=40_000_000)
 SMALL = pdfs.one_page(b"[0 0 200 200]")

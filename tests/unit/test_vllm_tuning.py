@@ -46,8 +46,9 @@ def test_size_engine_reads_the_checkpoint_and_respects_explicit_choices(tmp_path
     for explicit in ({"gpu_memory_utilization": 0.5}, {"kv_cache_memory_bytes": 123}):
         assert size_engine({**args, **explicit}, expected_tokens=1024) == {**args, **explicit}
     assert "kv_cache_memory_bytes" not in size_engine(args, expected_tokens=0)  # 0: vLLM's fraction
-    # A hub id (no local config.json): vLLM's own sizing, with a warning.
-    assert "kv_cache_memory_bytes" not in size_engine({**args, "model": "tencent/HunyuanOCR"}, expected_tokens=1024)
+    # A model whose config.json can't be read (not a folder, not a reachable repo): vLLM's own sizing.
+    missing = str(tmp_path / "nowhere")
+    assert "kv_cache_memory_bytes" not in size_engine({**args, "model": missing}, expected_tokens=1024)
 
 
 @pytest.mark.parametrize(("requested", "cpus", "expected"), [(3, 16, 3), (0, 16, 8), (0, 64, 8), (0, 2, 1)])
@@ -65,3 +66,21 @@ def test_engine_args_carry_the_hunyuanocr_defaults_and_the_users_overrides():
                                           gpu_memory_utilization=0.3, stream_interval=4))
     assert args["max_num_batched_tokens"] == 16384 and args["gpu_memory_utilization"] == 0.3
     assert args["stream_interval"] == 4
+
+
+def test_a_hub_id_is_sized_from_its_cached_config(tmp_path, monkeypatch):
+    """tencent/HunyuanOCR (1.5 at the repo root) is given as a hub id: its config.json comes from the cache."""
+    cached = tmp_path / "config.json"
+    cached.write_text(json.dumps(HUB_CONFIG))
+    calls = []
+
+    def fake_download(repo, filename, revision=None):
+        calls.append((repo, filename, revision))
+        return str(cached)
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", fake_download)
+    sized = size_engine({"model": "tencent/HunyuanOCR", "revision": "abc", "max_num_seqs": 8},
+                        expected_tokens=1024)
+    assert calls == [("tencent/HunyuanOCR", "config.json", "abc")]
+    assert sized["kv_cache_memory_bytes"] == kv_cache_bytes(HUB_CONFIG, max_num_seqs=8, expected_tokens=1024,
+                                                            max_model_len=None)

@@ -17,15 +17,15 @@ from .. import __version__
 from ..config import Settings
 from ..engines.base import Engine
 from ..engines.registry import create_engine
+from ..observability.logs import AccessLogMiddleware
+from ..observability.metrics import Metrics
 from ..pipeline.service import OcrService
 from ..pipeline.supervisor import EngineSupervisor
 from .errors import install_error_handlers
-from ..observability.logs import AccessLogMiddleware
-from ..observability.metrics import Metrics
 from .limits import BodyLimitMiddleware, RequestIdMiddleware
 from .ratelimit import RateLimiter, RateLimitMiddleware
-from .security import AuthMiddleware, AuthPolicy
 from .routes import health, ocr, openai
+from .security import AuthMiddleware, AuthPolicy
 
 log = logging.getLogger("hyocr")
 
@@ -65,6 +65,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             app.state.engine_started = False
             await supervisor.stop()
             await engine.stop()
+            service.pdf.close()  # the PDF render workers go with the server
 
     # Outermost first: every response gets a request id; then who is calling (401/403), how often
     # (429), and how much they send (413) are settled before any route reads the body.

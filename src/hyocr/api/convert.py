@@ -7,7 +7,14 @@ from ..errors import InvalidRequest
 from ..pipeline.service import MediaInput, OcrCall
 from ..pipeline.tasks import match_prompt, parse_task
 from ..types import SamplingParams, Task
-from .protocol import ChatCompletionRequest, CompletionRequest, ImagePart, OcrJsonRequest, SamplingFields, WireModel
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ImagePart,
+    OcrJsonRequest,
+    SamplingFields,
+    WireModel,
+)
 
 
 def refuse_engine_overrides(req: WireModel) -> None:

@@ -31,6 +31,7 @@ def ocr_body(result: OcrResult) -> dict:
         "task": result.task.value,
         "requested_task": result.requested_task.value,
         "text": result.text,
+        **({"markdown": result.markdown} if result.markdown is not None else {}),  # documents: pages joined
         "pages": [page_body(p) for p in result.pages],
         "usage": usage_body(result.usage.prompt_tokens, result.usage.completion_tokens),
         "timings": result.timings,
@@ -60,6 +61,10 @@ def page_body(page: PageResult) -> dict:
         body["fields"] = page.fields
     if page.error is not None:
         body["error"] = page.error
+    if page.dpi is not None:  # PDF pages: the resolution it was rendered at
+        body["dpi"] = page.dpi
+    if page.source is not None:  # PDF pages: "render" (OCR) or "text_layer" (the PDF's own text)
+        body["source"] = page.source
     return body
 
 

@@ -63,6 +63,7 @@ def metadata(url: str, workload, label: str | None, *, target: str | None = None
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "hyocr": __version__,
+        "versions": library_versions(),
         "workload": {
             "name": workload.name,
             "image_size": list(workload.size),
@@ -72,6 +73,23 @@ def metadata(url: str, workload, label: str | None, *, target: str | None = None
             "seed": workload.seed,
         },
     }
+
+
+# The libraries that decide an engine's speed. Read from the installed distributions, never imported; the
+# machine running the benchmark (the server's own for --engine; a URL target also reports its engine in "server").
+_LIBRARIES = ("vllm", "torch", "transformers", "onnxruntime", "rapidocr", "httpx", "uvicorn")
+
+
+def library_versions() -> dict[str, str]:
+    from importlib import metadata as md
+
+    versions = {}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return versions
 
 
 def error_rate(level: dict) -> float:

@@ -44,9 +44,18 @@ def kv_cache_bytes(config: dict, *, max_num_seqs: int, expected_tokens: int, max
     return int(tokens * kv_bytes_per_token(config, dtype) * 1.05)
 
 
-def load_config(model_path: str) -> dict | None:
-    """config.json of a local checkpoint, or None (a hub id vLLM will resolve itself)."""
-    path = Path(model_path) / "config.json"
+def load_config(model: str, revision: str | None = None) -> dict | None:
+    """config.json of a local checkpoint, or of a hub repo (from the Hugging Face cache, downloading the one
+    file if needed: vLLM fetches it next anyway); None when neither can be read."""
+    path = Path(model) / "config.json"
+    if not Path(model).is_dir():
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = Path(hf_hub_download(model, "config.json", revision=revision))
+        except Exception as exc:  # no such repo, offline without a cache, no huggingface_hub: vLLM's sizing
+            log.debug("config.json of %s not available: %s", model, exc)
+            return None
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -65,9 +74,9 @@ def size_engine(args: dict[str, Any], *, expected_tokens: int) -> dict[str, Any]
     """Fill in the KV cache size from the workload when the user chose neither a fraction nor a size."""
     if "gpu_memory_utilization" in args or "kv_cache_memory_bytes" in args or not expected_tokens:
         return args
-    config = load_config(args["model"])
+    config = load_config(args["model"], args.get("revision"))
     if config is None:
-        log.warning("no config.json at %s: vLLM sizes its KV cache by the default fraction", args["model"])
+        log.warning("no config.json for %s: vLLM sizes its KV cache by the default fraction", args["model"])
         return args
     size = kv_cache_bytes(config, max_num_seqs=args.get("max_num_seqs", 64), expected_tokens=expected_tokens,
                           max_model_len=args.get("max_model_len"), dtype=args.get("dtype", "auto"))

@@ -31,22 +31,13 @@ from multiprocessing.connection import Connection
 from PIL import Image
 
 from ..engines.hunyuan import PixelBounds, visual_tokens
-from ..errors import HyocrError, InvalidMedia, InvalidRequest, PayloadTooLarge
+from ..errors import HyocrError, InvalidMedia, InvalidRequest, PayloadTooLarge, UnprocessableDocument
 from ..types import FinishReason, PageImage, PageResult
 
 log = logging.getLogger("hyocr.pdf")
 
 POINTS_PER_INCH = 72
 START_TIMEOUT = 60.0  # seconds for a new worker to import PDFium and say it is ready
-
-
-class UnprocessableDocument(HyocrError):
-    """A well-formed request whose PDF could not be rendered in time or crashed the renderer."""
-
-    status = 422
-    type = "invalid_request_error"
-    code = "pdf_render_failed"
-    public = True
 
 
 # The worker reports errors as (kind, message, param, code): exceptions do not cross the pipe.

@@ -24,7 +24,7 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
 import gradio as gr
 
-from ..api.routes.ocr import ocr_result_body
+from ..api.render import ocr_body
 from ..errors import HyocrError, InvalidRequest
 from ..pipeline.media import check_pdf_size, is_pdf, load_image
 from ..pipeline.service import MediaInput, OcrCall, OcrService
@@ -246,7 +246,7 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
                 yield {status: render.status_html("Stopped.")}
                 return
             result = last.result
-            body = ocr_result_body(result)
+            body = ocr_body(result)
             previews = await asyncio.to_thread(
                 lambda: [render.draw_boxes(p.image, r.blocks) if p.image is not None else None
                          for p, r in zip(last.pages, result.pages, strict=True)])

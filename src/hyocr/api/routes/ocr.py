@@ -56,29 +56,6 @@ _DOC = {
 }
 
 
-def ocr_result_body(result: OcrResult) -> dict:
-    """The /v1/ocr body: ``ocr_body`` plus what documents add (the joined markdown; per page its DPI
-    and whether it was OCRed or read from the PDF's text layer)."""
-    body = ocr_body(result)
-    if result.markdown is not None:
-        body["markdown"] = result.markdown
-    for page, wire in zip(result.pages, body["pages"], strict=True):
-        _document_fields(page, wire)
-    return body
-
-
-def ocr_page_body(page: PageResult) -> dict:
-    return _document_fields(page, page_body(page))
-
-
-def _document_fields(page: PageResult, wire: dict) -> dict:
-    if page.dpi is not None:
-        wire["dpi"] = page.dpi
-    if page.source is not None:
-        wire["source"] = page.source
-    return wire
-
-
 async def _parse(request: Request) -> tuple[OcrJsonRequest, list[MediaInput]]:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
@@ -126,7 +103,7 @@ async def ocr(request: Request):
         prep, items = await unless_disconnected(request, service.open_pages(call))
         return StreamingResponse(_events(prep.request_id, len(prep.pages), items), media_type="text/event-stream",
                                  headers=_SSE_HEADERS)
-    return ocr_result_body(await unless_disconnected(request, service.ocr(call)))
+    return ocr_body(await unless_disconnected(request, service.ocr(call)))
 
 
 async def _events(request_id: str, total: int, items: AsyncIterator[PageResult | OcrResult]) -> AsyncIterator[bytes]:
@@ -136,10 +113,10 @@ async def _events(request_id: str, total: int, items: AsyncIterator[PageResult |
     try:
         async for item in items:
             if isinstance(item, OcrResult):
-                yield sse(ocr_result_body(item))
+                yield sse(ocr_body(item))
             else:
                 done += 1
-                yield sse({"id": request_id, "object": "ocr.page", "page": ocr_page_body(item),
+                yield sse({"id": request_id, "object": "ocr.page", "page": page_body(item),
                            "completed": done, "total": total})
     except HyocrError as exc:
         yield sse(hyocr_error_body(exc, request_id)[1])
