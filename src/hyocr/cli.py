@@ -97,8 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--metrics-url", dest="metrics_url",
                        help="where the server's Prometheus metrics are, for peak GPU memory "
                        "(default URL/metrics; local nvidia-smi when they have no GPU gauge)")
-    bench.add_argument("--workload", choices=["card", "page"], default="card",
-                       help="card: 1024x640; page: 1600x1200 (seeded synthetic text images)")
+    bench.add_argument("--workload", choices=["card", "page", "a4"], default="card",
+                       help="card: 1024x640; page: 1600x1200; a4: an A4 page at the DPI hyocr picks for "
+                       "HunyuanOCR, 1720x2433 (seeded synthetic text images)")
     bench.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
     bench.add_argument("--requests", help="requests per level, one number or one per level "
                        "(default max(32, 2 x concurrency))")

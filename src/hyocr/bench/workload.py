@@ -14,7 +14,17 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw, ImageFont
 
-SIZES = {"card": (1024, 640), "page": (1600, 1200)}
+def a4_size() -> tuple[int, int]:
+    """An A4 page (595 x 842 pt) at the DPI hyocr's PDF reader picks for HunyuanOCR at the default pixel
+    bounds and visual-token budget (208 dpi: 1720 x 2433, 4106 visual tokens)."""
+    from ..pipeline.pdf import RenderPlan
+    from ..pipeline.pdf_worker import choose_dpi, pixels_at
+
+    width_pt, height_pt = 595.28, 841.89
+    return pixels_at(width_pt, height_pt, choose_dpi(width_pt, height_pt, RenderPlan.for_engine(True)))
+
+
+SIZES = {"card": (1024, 640), "page": (1600, 1200), "a4": a4_size()}
 _WORDS = ("NAME", "ID", "DATE", "TOTAL", "INVOICE", "ADDRESS", "AMOUNT", "TAX", "ITEM", "QTY", "PRICE",
           "姓名", "地址", "金额", "日期", "发票", "合计")
 
