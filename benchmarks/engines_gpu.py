@@ -36,6 +36,7 @@ VARIANTS = {
     "vllm-defaults": "--expected-tokens 0 --max-num-batched-tokens 2048 --preprocess-workers 1",
     "1-worker": "--preprocess-workers 1",
     "bt16k": "--max-num-batched-tokens 16384",
+    "stream1": "--stream-interval 1",
     "stream4": "--stream-interval 4",
     "seqs128": "--max-num-seqs 128 --max-concurrency 128",
     "kv850": "--expected-tokens 850",
