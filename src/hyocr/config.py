@@ -63,7 +63,9 @@ class Settings(BaseSettings):
         "is sized to max_num_seqs x this (a card: ~850). 0 = vLLM's fraction of the GPU"
     )
     preprocess_workers: int = Field(0, ge=0, le=64, description="vLLM: image preprocessing threads (0 = auto)")
-    stream_interval: int = Field(1, ge=1, le=64, description="vLLM: tokens per streamed delta")
+    stream_interval: int = Field(
+        4, ge=1, le=64, description="vLLM: tokens per streamed delta (the first token is sent at once)"
+    )
 
     # --- remote upstream (--engine openai) ---
     upstream_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. http://gpu1:8000/v1")
@@ -120,6 +122,8 @@ class Settings(BaseSettings):
     # PDF: documents are rendered page by page in worker processes (pipeline/pdf.py)
     max_pages: int = Field(64, ge=1, le=10_000, description="PDF pages per request (after a pages= selection)")
     max_pdf_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="PDF size cap, checked before rendering")
+    max_document_pixels: int = Field(320_000_000, ge=1_000_000, description="rendered pixels per PDF (all "
+                                     "pages); pages past it are error pages (64 A4 pages for HunyuanOCR: 268 M)")
     pdf_workers: int = Field(2, ge=1, le=64, description="PDF render worker processes")
     pdf_render_timeout: float = Field(15.0, gt=0, le=3600, description="seconds to open a PDF or render one "
                                       "page; then the worker is killed and the request gets 422")

@@ -113,6 +113,40 @@ def test_the_python_client_reads_a_pdf_with_progress(rapid_server):
     assert result.pages[0].source == "render" and "DELIVERYNOTE55" in squash(result.pages[0].text)
 
 
+def test_a_client_that_hangs_up_mid_stream_frees_its_slot_without_an_error(rapid_server, caplog):
+    """The pages still running are cancelled quietly: no 'unexpected error' (a RuntimeError from closing
+    a generator that was still running, on Python 3.11) and the admission slot comes back."""
+    import logging
+    import socket
+
+    data = pdfs.scanned_pdf([[f"PAGE {n} OF EIGHT"] for n in range(8)])
+    boundary = "hyocrtest"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"stream\"\r\n\r\ntrue\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"task\"\r\n\r\ntext\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"d.pdf\"\r\n"
+            "Content-Type: application/pdf\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    admission = rapid_server.app.state.service.admission
+    with caplog.at_level(logging.ERROR):
+        with socket.create_connection(("127.0.0.1", rapid_server.port)) as sock:
+            sock.sendall(b"POST /v1/ocr HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary="
+                         + boundary.encode() + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+            received = b""
+            sock.settimeout(60)
+            while b'"object": "ocr.page"' not in received and b'"object":"ocr.page"' not in received:
+                chunk = sock.recv(65536)
+                assert chunk, received
+                received += chunk
+            assert b"200 OK" in received  # the first page has arrived; hang up with the rest running
+        deadline = time.monotonic() + 30
+        while admission.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+    assert admission.in_flight == 0
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+    _still_serving(rapid_server)
+
+
 # --------------------------------------------------------------------------- hostile documents
 
 HOSTILE = {
@@ -199,6 +233,27 @@ def test_a_pdf_over_the_byte_cap_is_413(strict_server):
     assert len(big) > 200_000
     r = _post_pdf(strict_server, big, task="text")
     assert r.status_code == 413 and "the PDF is larger than the 200000 byte limit" in r.json()["error"]["message"]
+
+
+def test_a_document_renders_no_more_pixels_than_its_budget():
+    """A few-kB PDF of 64 giant blank pages rendered 11 GB of pixels into the server. Now the document
+    has one pixel budget (MAX_DOCUMENT_PIXELS): pages past it are error pages."""
+    server = serve(engine="rapidocr", max_document_pixels=2_000_000)
+    try:
+        kids = b" ".join(b"%d 0 R" % (3 + i) for i in range(3))
+        page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 400 400] >>"  # 834x834 at 150 dpi: 0.7 MP
+        data = pdfs.build_pdf([b"<< /Type /Catalog /Pages 2 0 R >>",
+                               b"<< /Type /Pages /Kids [%s] /Count 3 >>" % kids, page, page, page])
+        r = _post_pdf(server, data, task="text")
+        assert r.status_code == 200, r.text
+        pages = r.json()["pages"]
+        assert [(p["index"], p["finish_reason"], p["width"]) for p in pages[:2]] == [(0, "stop", 834), (1, "stop", 834)]
+        assert pages[2]["finish_reason"] == "error" and "2000000-pixel budget" in pages[2]["error"]
+        assert "pages=3-" in pages[2]["error"]
+        alone = _post_pdf(server, data, task="text", pages="3")  # the way the message says
+        assert alone.status_code == 200 and alone.json()["pages"][0]["finish_reason"] == "stop"
+    finally:
+        server.stop()
 
 
 def _still_serving(server) -> None:

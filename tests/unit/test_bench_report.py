@@ -206,6 +206,12 @@ def test_compare_reproduces_the_h200_ratios_in_the_docs():
     ('{"levels": []}', "not a hyocr bench result"),
     ('{"metadata": {"workload": {}}, "levels": [{"concurrency": 1}]}', "level 0 lacks requests"),
     ("[1, 2]", "not a hyocr bench result"),
+    # the right keys with the wrong types (another tool's file): a one-line reason, not a TypeError
+    ('{"metadata": {"workload": {}}, "levels": [{"concurrency": "x", "requests": "a", "errors": {}, '
+     '"throughput_rps": "fast", "latency_mean_s": null, "latency_p99_s": [1]}]}',
+     "level 0: concurrency, requests, errors, throughput_rps, latency_mean_s, latency_p99_s not a number"),
+    ('{"metadata": {"workload": {}}, "levels": [{"concurrency": 1, "requests": 1, "errors": true, '
+     '"throughput_rps": 1.0, "latency_mean_s": 1.0, "latency_p99_s": 1.0}]}', "level 0: errors not a number"),
 ])
 def test_unreadable_result_files_are_named_with_the_reason(tmp_path, content, message):
     path = tmp_path / "r.json"

@@ -395,3 +395,8 @@ def test_arbitrary_text_only_raises_client_errors_from_decode_base64(text):
         assert isinstance(decode_base64(text, DEFAULT), bytes)
     except HyocrError as exc:
         assert type(exc) is InvalidMedia and exc.status == 400
+
+
+def test_an_empty_file_is_called_empty():
+    with pytest.raises(InvalidMedia, match="the file is empty"):
+        load_image(b"", DEFAULT)

@@ -50,6 +50,7 @@ def test_page_selection(spec, expected):
     ("1,,2", "'' is not a page number"),
     ("-3", "'-3' is not a page number"),
     ("1.5", "not a page number"),
+    ("\uff11", "not a page number"),  # a fullwidth digit: page numbers are ASCII
 ])
 def test_bad_page_selections_are_400s_that_say_why(spec, message):
     with pytest.raises(InvalidRequest) as exc:

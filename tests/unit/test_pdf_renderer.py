@@ -64,6 +64,24 @@ async def test_document_errors_leave_the_worker_in_service(renderer):
     await _still_renders(renderer)
 
 
+@pytest.mark.parametrize("damaged", [pdfs.cyclic_pdf("count-over-cycle"), pdfs.build_pdf(
+    [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [] /Count 0 >>"])], ids=["cyclic", "no-pages"])
+async def test_a_damaged_pdf_after_an_encrypted_one_is_not_called_encrypted(damaged):
+    # PDFium fails these loads without setting its (process-wide) last error: the worker that just
+    # refused an encrypted document must not report them as encrypted too.
+    pool = PdfRenderer(workers=1, timeout=5.0, memory_mb=512)
+    try:
+        with pytest.raises(InvalidMedia) as first:
+            await pool.render(pdfs.encrypted_pdf(), DETECTOR)
+        assert first.value.code == "pdf_encrypted"
+        with pytest.raises(InvalidMedia) as second:
+            await pool.render(damaged, DETECTOR)
+        assert second.value.code == "invalid_pdf" and "damaged" in second.value.message
+        assert pool.kills == 0
+    finally:
+        pool.close()
+
+
 async def test_an_encrypted_pdf_with_an_empty_user_password_opens():
     pool = PdfRenderer(workers=1)
     try:

@@ -62,10 +62,11 @@ def test_engine_args_carry_the_hunyuanocr_defaults_and_the_users_overrides():
     assert args["max_num_batched_tokens"] == 8192 and args["renderer_num_workers"] == 4
     assert args["mm_processor_cache_gb"] == 0 and args["enable_prefix_caching"] is False
     assert "gpu_memory_utilization" not in args  # sized from the workload at start
+    assert args["stream_interval"] == 4  # deltas of 4 tokens: a quarter of the per-delta work, same TTFT
     args = vllm_engine_args(load_settings(engine="vllm", model="/m", max_num_batched_tokens=16384,
-                                          gpu_memory_utilization=0.3, stream_interval=4))
+                                          gpu_memory_utilization=0.3, stream_interval=1))
     assert args["max_num_batched_tokens"] == 16384 and args["gpu_memory_utilization"] == 0.3
-    assert args["stream_interval"] == 4
+    assert args["stream_interval"] == 1
 
 
 def test_a_hub_id_is_sized_from_its_cached_config(tmp_path, monkeypatch):

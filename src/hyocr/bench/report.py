@@ -187,6 +187,10 @@ def load(path: str) -> dict:
         missing = [k for k in _LEVEL_KEYS if not isinstance(level, dict) or k not in level]
         if missing:
             raise BenchError(f"{path}: {what} (level {i} lacks {', '.join(missing)})")
+        wrong = [k for k in _LEVEL_KEYS if isinstance(level[k], bool) or not isinstance(
+            level[k], int if k in ("concurrency", "requests", "errors") else (int, float))]
+        if wrong:
+            raise BenchError(f"{path}: {what} (level {i}: {', '.join(wrong)} not a number)")
         level.setdefault("peak_gpu_memory_bytes", None)
         level.setdefault("ttft_p50_s", None)
         level.setdefault("error_breakdown", {})

@@ -113,6 +113,8 @@ def load_image(data: bytes, limits: MediaLimits, *, index: int = 0, param: str =
         raise PayloadTooLarge(
             f"image is larger than the {limits.max_image_bytes} byte limit", param=param
         )
+    if not data:
+        raise InvalidMedia("the file is empty", param=param)
     fmt = sniff_format(data)
     if fmt is None:
         raise InvalidMedia("file is not a recognised image (PNG, JPEG, WebP, BMP, TIFF)", param=param)

@@ -69,6 +69,9 @@ class RenderPlan:
     bounds: tuple[int, int] | None = None  # HunyuanOCR engines: (min_pixels, max_pixels) of its resize
     token_budget: int | None = None  # HunyuanOCR engines: visual tokens a page may cost
     text_layer: bool = False  # take a page's own text when it is reliable
+    # Rendered pixels for the whole document (None: no limit). Pages past it are error pages: a
+    # few-kB PDF of 64 giant pages would otherwise hold gigabytes of pixels in the server at once.
+    max_total_pixels: int | None = None
 
     @classmethod
     def for_engine(cls, follows_prompts: bool, settings=None) -> RenderPlan:
@@ -79,7 +82,8 @@ class RenderPlan:
             from ..config import Settings
 
             settings = Settings.model_construct()  # the defaults, without reading the environment
-        common = {"max_pages": settings.max_pages, "max_dpi": settings.pdf_max_dpi, "min_dpi": settings.pdf_min_dpi}
+        common = {"max_pages": settings.max_pages, "max_dpi": settings.pdf_max_dpi, "min_dpi": settings.pdf_min_dpi,
+                  "max_total_pixels": settings.max_document_pixels}
         if not follows_prompts:
             return cls(max_pixels=settings.max_image_pixels, fixed_dpi=settings.pdf_detector_dpi, **common)
         budget = settings.pdf_max_visual_tokens or default_token_budget(settings.min_pixels, settings.max_pixels)

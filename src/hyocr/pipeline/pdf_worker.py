@@ -24,7 +24,7 @@ from .pdf import POINTS_PER_INCH, RenderPlan, error_parts
 
 TEXT_LAYER_MIN_CHARS = 16  # fewer visible characters: nothing to trust (a scan, a stray page number)
 TEXT_LAYER_MIN_GOOD = 0.95  # share of characters that must be letters, digits, punctuation or symbols
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:(-)\s*(\d*)\s*)?$")
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:(-)\s*(\d*)\s*)?$", re.ASCII)  # "１" is not a page number
 
 
 # ------------------------------------------------------------------ the rules (pure)
@@ -148,21 +148,28 @@ def render(conn, data: bytes, plan: RenderPlan) -> None:
     try:
         pdf = pdfium.PdfDocument(data)
     except pdfium.PdfiumError as exc:
-        if exc.err_code in (pdfium_c.FPDF_ERR_PASSWORD, pdfium_c.FPDF_ERR_SECURITY):
+        # PDFium's last error is process-wide and some failed loads leave it as it was: after an
+        # encrypted document, a damaged one would read "password" too. Only a PDF with an /Encrypt
+        # entry (in its trailer, never compressed) can be encrypted.
+        if exc.err_code in (pdfium_c.FPDF_ERR_PASSWORD, pdfium_c.FPDF_ERR_SECURITY) and b"/Encrypt" in data:
             raise InvalidMedia("the PDF is encrypted: send it without a password", code="pdf_encrypted") from None
         raise InvalidMedia("the PDF is damaged or not a PDF: PDFium could not open it", code="invalid_pdf") from None
     try:
         selected = parse_pages(plan.pages, len(pdf), plan.max_pages)
         pdf.init_forms()  # filled-in form fields are part of what a page shows
         conn.send(("open", len(pdf), selected))
+        left = plan.max_total_pixels
         for index in selected:
-            _page(conn, pdf, index, plan)
+            rendered = _page(conn, pdf, index, plan, left)
+            left = None if left is None else left - rendered
         conn.send(("done",))
     finally:
         pdf.close()
 
 
-def _page(conn, pdf, index: int, plan: RenderPlan) -> None:
+def _page(conn, pdf, index: int, plan: RenderPlan, left: int | None = None) -> int:
+    """Send one page (rendered, its text, or an error); the pixels rendered. ``left``: the pixels the
+    document may still render (None: no limit)."""
     import pypdfium2 as pdfium
 
     size = (0, 0)
@@ -170,7 +177,7 @@ def _page(conn, pdf, index: int, plan: RenderPlan) -> None:
         page = pdf[index]
     except pdfium.PdfiumError:
         _page_error(conn, index, size, InvalidMedia("PDFium could not load this page", code="invalid_pdf"))
-        return
+        return 0
     try:
         width_pt, height_pt = page.get_size()
         size = (math.ceil(width_pt), math.ceil(height_pt))  # at 72 dpi, a pixel per point
@@ -180,18 +187,26 @@ def _page(conn, pdf, index: int, plan: RenderPlan) -> None:
             textpage.close()
             if text_layer_reliable(text):
                 conn.send(("text", index, *size, clean_text_layer(text)))
-                return
+                return 0
         dpi = choose_dpi(width_pt, height_pt, plan)
+        width, height = pixels_at(width_pt, height_pt, dpi)
+        if left is not None and width * height > left:
+            raise PayloadTooLarge(
+                f"not read: the pages before it use the {plan.max_total_pixels}-pixel budget of one request; "
+                f"read it in another (pages={index + 1}-)", param="pages", code="pdf_too_large")
         bitmap = page.render(scale=dpi / POINTS_PER_INCH, rev_byteorder=True)  # packed RGB
         conn.send(("page", index, dpi, bitmap.width, bitmap.height))
         conn.send_bytes(bitmap.buffer)
+        rendered = bitmap.width * bitmap.height
         bitmap.close()
+        return rendered
     except HyocrError as exc:
         _page_error(conn, index, size, exc)
     except pdfium.PdfiumError:
         _page_error(conn, index, size, InvalidMedia("PDFium could not render this page", code="invalid_pdf"))
     finally:
         page.close()
+    return 0
 
 
 def _page_error(conn, index: int, size: tuple[int, int], exc: HyocrError) -> None:

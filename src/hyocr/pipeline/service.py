@@ -202,11 +202,13 @@ class OcrService:
     async def until_deadline(self, chunks: AsyncIterator[EngineChunk], deadline: float) -> AsyncIterator[EngineChunk]:
         """``chunks`` until ``deadline`` (event-loop time); then 504, and closing the stream aborts the
         engine's work. Each wait is bounded, so a hung engine cannot outlive the deadline."""
-        loop = asyncio.get_running_loop()
         try:
             while True:
                 try:
-                    chunk = await asyncio.wait_for(anext(chunks), max(0.0, deadline - loop.time()))
+                    # In this task, not wait_for's own (Python 3.11): a cancelled wait (client gone) then
+                    # ends ``chunks`` here instead of leaving it running, which aclose() cannot close.
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await anext(chunks)
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
