@@ -22,6 +22,8 @@ from dataclasses import dataclass, field, replace
 from ..engines.base import Engine
 from ..engines.registry import engines_for
 from ..errors import GatewayTimeout, HyocrError, InvalidRequest, UnsupportedTask
+from ..observability.logs import record, record_first
+from ..observability.tracing import span
 from ..types import (
     EngineChunk,
     EngineRequest,
@@ -34,24 +36,14 @@ from ..types import (
     TextBlock,
     Usage,
 )
-from ..observability.logs import record, record_first
-from ..observability.tracing import span
 from . import postprocess
 from .admission import Admission, Ticket
-from .fetch import FetchPolicy, fetch_image
+from .fetch import FetchPolicy
+from .inputs import MediaInput, PageLoader, PageRequest
+from .media import MediaLimits
 from .pages import build_page, cut_loops
-from .media import MediaLimits, check_pdf_size, decode_base64, is_pdf, load_image
 from .pdf import PdfRenderer, RenderPlan, page_without_engine
 from .tasks import build_prompt
-
-
-@dataclass(frozen=True, slots=True)
-class MediaInput:
-    """One image as it arrived: raw bytes (upload) or a base64 / data-URL string."""
-
-    data: bytes | str
-    param: str = "image"  # where it came from, for error messages
-    url: bool = False  # data is an http(s) URL to fetch (only when the server allows URLs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,17 +102,14 @@ class OcrService:
         pdf_plan: RenderPlan | None = None,
     ) -> None:
         self.engine = engine
-        self.limits = limits or MediaLimits()
         self.max_images = max_images
         self.default_max_tokens = default_max_tokens
         self.prompt_language = prompt_language
         self.loop_guard = loop_guard
         self.admission = admission or Admission(max_concurrency=64, max_queue=256)
         self.request_timeout = request_timeout
-        self.fetch_policy = fetch_policy or FetchPolicy(())
-        self.max_pages = max_pages
-        self.pdf = pdf or PdfRenderer()  # worker processes start on the first PDF
-        self.pdf_plan = pdf_plan or RenderPlan.for_engine(engine.info.follows_prompts)
+        self.inputs = PageLoader(limits or MediaLimits(), fetch_policy or FetchPolicy(()), pdf or PdfRenderer(),
+                                 pdf_plan or RenderPlan.for_engine(engine.info.follows_prompts), max_pages)
         self.last_progress = time.monotonic()  # when the engine last produced output (stall watchdog)
 
     @classmethod
@@ -256,16 +245,8 @@ class OcrService:
                 prompt_language=call.prompt_language or self.prompt_language,
             )
         started = time.perf_counter()
-        media = call.media
-        if any(m.url for m in media):
-            with span("hyocr.fetch", images=sum(m.url for m in media)):
-                fetched = await asyncio.gather(*(
-                    fetch_image(m.data, self.fetch_policy, param=m.param) if m.url else _same(m.data)
-                    for m in media
-                ))
-            media = tuple(MediaInput(data, m.param) for data, m in zip(fetched, media, strict=True))
-        with span("hyocr.decode", images=len(media)):
-            pages = await self._load_pages(media, call, task)
+        how = PageRequest(call.accept_pdf, call.pages, call.prefer_text_layer and task is Task.TEXT)
+        pages = await self.inputs.load(call.media, how)
         record(images=len(pages), image_bytes=sum(p.source_bytes for p in pages),
                image_pixels=sum(p.width * p.height for p in pages), task=task.value,
                decode_ms=round((time.perf_counter() - started) * 1000, 2))
@@ -278,35 +259,6 @@ class OcrService:
             call=call,
             decode_ms=(time.perf_counter() - started) * 1000,
         )
-
-    async def _load_pages(self, media: tuple[MediaInput, ...], call: OcrCall, task: Task) -> tuple[PageImage, ...]:
-        """Images decoded on a thread; a PDF (alone in its request) rendered by the PDF workers."""
-        if call.accept_pdf and len(media) == 1:
-            item = media[0]
-            raw = item.data if isinstance(item.data, bytes) else await asyncio.to_thread(
-                decode_base64, item.data, self.limits, param=item.param,
-                max_bytes=max(self.limits.max_image_bytes, self.limits.max_pdf_bytes))
-            if is_pdf(raw):
-                check_pdf_size(raw, self.limits, param=item.param)
-                plan = replace(self.pdf_plan, pages=call.pages, max_pages=self.max_pages,
-                               text_layer=call.prefer_text_layer and task is Task.TEXT)
-                document = await self.pdf.render(raw, plan, param=item.param)
-                record(pdf_bytes=len(raw), pdf_pages=document.page_count)
-                return document.pages
-            media = (MediaInput(raw, item.param),)
-        if call.pages is not None:
-            raise InvalidRequest("pages selects pages of a PDF; this request has images", param="pages")
-        return await asyncio.to_thread(self._decode_all, media, call.accept_pdf)
-
-    def _decode_all(self, media: tuple[MediaInput, ...], accept_pdf: bool = False) -> tuple[PageImage, ...]:
-        pages = []
-        for i, item in enumerate(media):
-            raw = item.data if isinstance(item.data, bytes) else decode_base64(item.data, self.limits, param=item.param)
-            if accept_pdf and is_pdf(raw):
-                raise InvalidRequest("a PDF is read on its own: send one document per request, without other "
-                                     "files", param=item.param)
-            pages.append(load_image(raw, self.limits, index=i, param=item.param))
-        return tuple(pages)
 
     def _sampling(self, call: OcrCall) -> SamplingParams:
         if call.sampling.max_tokens is None:
@@ -519,6 +471,3 @@ class OcrService:
             ).read_from(page)
         return result, (time.perf_counter() - t0) * 1000
 
-
-async def _same(value: bytes | str) -> bytes | str:
-    return value

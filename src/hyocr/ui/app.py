@@ -103,8 +103,8 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
             with gr.Column(scale=2, min_width=340):
                 files = gr.File(label="Image or PDF", file_count="multiple", file_types=extensions, height=150,
                                 elem_id="hy-files")
-                pages = gr.Textbox(label="PDF pages", placeholder=f"all (at most {service.max_pages}), or e.g. 1-3,8",
-                                   visible=False, elem_id="hy-pdf-pages")
+                pages = gr.Textbox(label="PDF pages", visible=False, elem_id="hy-pdf-pages",
+                                   placeholder=f"all (at most {service.inputs.max_pages}), or e.g. 1-3,8")
                 task = gr.Dropdown(render.task_choices(info), value=Task.SPOTTING.value, label="Task",
                                    elem_id="hy-task")
                 # LoRA adapters the engine serves are chosen by model name, as in the API.
@@ -304,8 +304,9 @@ async def _check_upload(paths: list[str], service: OcrService):
     name = Path(paths[0]).name
     if len(paths) > 1:
         raise InvalidRequest("a PDF is read on its own: upload one PDF, or images", param=name)
-    check_pdf_size(data, service.limits, param=name)
-    document = await service.pdf.render(data, replace(service.pdf_plan, pages="1", max_pages=1), param=name)
+    inputs = service.inputs
+    check_pdf_size(data, inputs.limits, param=name)
+    document = await inputs.pdf.render(data, replace(inputs.pdf_plan, pages="1", max_pages=1), param=name)
     count = document.page_count
     return document.pages[0].image, f"{count}-page PDF" if count > 1 else "1-page PDF", True
 
@@ -324,7 +325,7 @@ def _check_files(paths: list[str], service: OcrService):
         data = Path(p).read_bytes()
         if is_pdf(data):
             raise InvalidRequest("a PDF is read on its own: upload one PDF, or images", param=Path(p).name)
-        page = load_image(data, service.limits, index=i, param=Path(p).name)
+        page = load_image(data, service.inputs.limits, index=i, param=Path(p).name)
         first = first or page.image
     return first
 
