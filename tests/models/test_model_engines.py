@@ -184,6 +184,28 @@ def test_vllm_statistics_are_on_the_metrics_endpoint(vllm_server):
     assert "vllm:num_requests_running" in text and "vllm:kv_cache_usage_perc" in text
 
 
+def test_vllm_kv_cache_is_sized_from_the_workload(vllm_server, tiny_checkpoint):
+    """The running engine was built with max_num_seqs x expected_tokens of KV cache (8 x 1024, raised to the
+    8192-token context), not a fraction of the device, and vLLM's own cache_config_info reports a size.
+    (vLLM's CPU platform then applies VLLM_CPU_KVCACHE_SPACE instead; a GPU keeps the given size.)"""
+    import torch
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hyocr.engines.vllm_tuning import kv_cache_bytes
+
+    config = json.loads((tiny_checkpoint / "config.json").read_text())
+    expected = kv_cache_bytes(config, max_num_seqs=8, expected_tokens=1024, max_model_len=8192, dtype="bfloat16")
+    engine = vllm_server.engine
+    assert engine.engine_args["kv_cache_memory_bytes"] == expected
+    assert engine.engine.vllm_config.cache_config.kv_cache_memory_bytes is not None
+    text = requests.get(f"{vllm_server.url}/metrics", timeout=10).text
+    info = [sample.labels for family in text_string_to_metric_families(text) if family.name == "vllm:cache_config_info"
+            for sample in family.samples]
+    assert info and int(info[0]["kv_cache_memory_bytes"]) > 0
+    if torch.cuda.is_available():
+        assert info[0]["kv_cache_memory_bytes"] == str(expected)
+
+
 def test_engine_death_is_detected_requests_fail_fast_and_it_is_restarted(vllm_server):
     """Runs last (it kills the session's vLLM engine): readiness goes false, requests get a 503 at
     once, and the supervisor starts a new engine that serves again."""
