@@ -40,6 +40,7 @@ VARIANTS = {
     "stream4": "--stream-interval 4",
     "seqs128": "--max-num-seqs 128 --max-concurrency 128",
     "kv850": "--expected-tokens 850",
+    "processes": "--preprocess processes",
 }
 MAX_TOKENS = os.environ.get("HYOCR_BENCH_MAX_TOKENS", "150")
 PYSPY = os.environ.get("HYOCR_BENCH_PYSPY")  # path of a py-spy binary: profile each server

@@ -3,7 +3,7 @@
 # On the device, after staging vLLM (../shared/docs/DEVICE.md) and exporting the code to .stage/hyocr:
 #   source .stage/c2/install.sh && cd .stage/hyocr && bash benchmarks/h200_issue9.sh STEP $OUT/DIR
 # STEP: hyocr   hyocr's shipped defaults on card, page and a4, with a py-spy profile and GPU traces
-#       variants hyocr with one change each (VARIANTS, default: stream1 kv850), card only
+#       variants hyocr with one change each (VARIANTS, default: stream1 kv850 processes), card only
 #       raw     raw vLLM AsyncLLM with its defaults on card, page and a4 (the baseline; same session)
 # Each step writes bench JSON (+ .gpu.csv traces, server logs) to DIR; copy the JSON to benchmarks/results/.
 set -uo pipefail
@@ -20,7 +20,7 @@ case "$step" in
     HYOCR_BENCH_WORKLOAD=card,page,a4 HYOCR_BENCH_PYSPY="$pyspy" python benchmarks/engines_gpu.py "$out" hyocr-vllm ;;
   variants)
     targets=()
-    for v in ${VARIANTS:-stream1 kv850}; do targets+=("hyocr-vllm+$v"); done
+    for v in ${VARIANTS:-stream1 kv850 processes}; do targets+=("hyocr-vllm+$v"); done
     HYOCR_BENCH_WORKLOAD=card python benchmarks/engines_gpu.py "$out" "${targets[@]}" ;;
   raw)
     timeout -k 5 540 python benchmarks/raw_vllm.py /tmp/hunyuanocr-1.0-random "$out/{workload}-raw-vllm.json" \

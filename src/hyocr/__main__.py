@@ -2,4 +2,6 @@
 
 from .cli import main
 
-raise SystemExit(main())
+# Guarded: worker processes started with "spawn" re-import the parent's main module (as __mp_main__).
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -62,7 +62,11 @@ class Settings(BaseSettings):
         1024, ge=0, le=1_000_000, description="vLLM: prompt + output tokens of a typical request; the KV cache "
         "is sized to max_num_seqs x this (a card: ~850). 0 = vLLM's fraction of the GPU"
     )
-    preprocess_workers: int = Field(0, ge=0, le=64, description="vLLM: image preprocessing threads (0 = auto)")
+    preprocess: Literal["threads", "processes"] = Field(
+        "threads", description="vLLM: where images become model inputs: the renderer's threads, or worker processes"
+    )
+    preprocess_workers: int = Field(0, ge=0, le=64, description="vLLM: image preprocessing threads or processes "
+                                    "(0 = auto)")
     stream_interval: int = Field(
         4, ge=1, le=64, description="vLLM: tokens per streamed delta (the first token is sent at once)"
     )

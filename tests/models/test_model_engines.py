@@ -184,6 +184,43 @@ def test_vllm_statistics_are_on_the_metrics_endpoint(vllm_server):
     assert "vllm:num_requests_running" in text and "vllm:kv_cache_usage_perc" in text
 
 
+def test_images_processed_in_worker_processes_give_the_same_output(vllm_server, tiny_checkpoint):
+    """PREPROCESS=processes: vLLM's renderer in spawned workers; what they hand the engine is what the
+    in-process renderer makes (same greedy output, same prompt tokens), and the workers go with the server."""
+    import psutil
+
+    from hyocr.config import load_settings
+    from servers import LiveServer
+
+    settings = load_settings(engine="vllm", model=str(tiny_checkpoint), served_model_name="hunyuanocr-tiny",
+                             dtype="bfloat16", max_model_len=8192, max_num_seqs=8, trust_remote_code=True,
+                             preprocess="processes", preprocess_workers=2, ui=False)
+    server = LiveServer(settings).start(timeout=300)
+    try:
+        pids = server.engine.process_renderer.pids()
+        assert len(pids) == 2 and all(psutil.pid_exists(pid) for pid in pids)
+        # Every image the workers prepare has a name of its own: the engine's encoder cache goes by it.
+        from hyocr.engines.vllm_preprocess import _render
+        from hyocr.types import EngineRequest, PageImage, Task
+
+        request = EngineRequest("names", Task.TEXT, TEXT_PROMPT, (PageImage(card().image),))
+        prompt = {"prompt": server.engine.render_prompt(request), "multi_modal_data": {"image": request.images[0].image}}
+        rendered = [server.engine.process_renderer.pool.submit(_render, prompt) for _ in range(6)]
+        names = [f.result(timeout=60)["mm_hashes"]["image"][0] for f in rendered]
+        assert len(set(names)) == 6 and not any(name.startswith("renderer0-") for name in names)
+        answers = []
+        for target in (vllm_server, server):
+            r = _client(target).chat.completions.create(model="x", messages=_messages(), max_tokens=12, temperature=0)
+            answers.append((r.choices[0].message.content, r.usage.prompt_tokens))
+        assert answers[0][0] and answers[0] == answers[1]
+    finally:
+        server.stop()
+    deadline = time.monotonic() + 20
+    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids):
+        assert time.monotonic() < deadline, "preprocessing workers outlived the server"
+        time.sleep(0.2)
+
+
 def test_vllm_kv_cache_is_sized_from_the_workload(vllm_server, tiny_checkpoint):
     """The running engine was built with max_num_seqs x expected_tokens of KV cache (8 x 1024, raised to the
     8192-token context), not a fraction of the device, and vLLM's own cache_config_info reports a size.
@@ -211,7 +248,13 @@ def test_engine_death_is_detected_requests_fail_fast_and_it_is_restarted(vllm_se
     once, and the supervisor starts a new engine that serves again."""
     import psutil
 
-    cores = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in " ".join(p.cmdline() + [p.name()])]
+    def engine_core(p: psutil.Process) -> bool:
+        try:
+            return "EngineCore" in " ".join(p.cmdline() + [p.name()])
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):  # an exited process of an earlier test
+            return False
+
+    cores = [p for p in psutil.Process().children(recursive=True) if engine_core(p)]
     assert cores, "no vLLM EngineCore process found"
     for proc in cores:
         proc.kill()

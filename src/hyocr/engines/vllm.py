@@ -59,9 +59,12 @@ class VllmEngine(Engine):
     def __init__(self, engine_args: dict[str, Any], *, served_model_name: str | None = None,
                  max_images: int = 8, bounds: PixelBounds = PixelBounds(),
                  revision: str | None = None, subfolder: str | None = None,
-                 lora_modules: dict[str, str] | None = None, expected_tokens: int = 0) -> None:
+                 lora_modules: dict[str, str] | None = None, expected_tokens: int = 0,
+                 preprocess_processes: int = 0) -> None:
         self.engine_args = engine_args
         self.expected_tokens = expected_tokens
+        self.preprocess_processes = preprocess_processes  # > 0: images processed in this many processes
+        self.process_renderer: Any = None
         self.lora_modules = dict(lora_modules or {})
         if self.lora_modules:
             engine_args.update(enable_lora=True, max_loras=len(self.lora_modules))
@@ -95,6 +98,8 @@ class VllmEngine(Engine):
             subfolder=settings.subfolder,
             lora_modules=parse_lora_modules(settings.lora_modules),
             expected_tokens=settings.expected_tokens,
+            preprocess_processes=(preprocess_workers(settings.preprocess_workers)
+                                  if settings.preprocess == "processes" else 0),
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -118,6 +123,11 @@ class VllmEngine(Engine):
         # loop, so a restart by the supervisor leaves /health, /ready and shedding responsive.
         self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         self.tokenizer = self.engine.get_tokenizer()
+        if self.preprocess_processes:
+            from .vllm_preprocess import ProcessRenderer
+
+            self.process_renderer = ProcessRenderer(self.engine.vllm_config, self.preprocess_processes)
+            await asyncio.to_thread(self.process_renderer.start)
         self._started = True
         await self.warm_up()
         self.info.details.update(vllm=__version__, backend=self.backend)
@@ -139,6 +149,9 @@ class VllmEngine(Engine):
         log.info("vLLM warm-up request done in %.1fs", time.perf_counter() - started)
 
     async def stop(self) -> None:
+        if self.process_renderer is not None:
+            self.process_renderer.close()
+            self.process_renderer = None
         if self.engine is not None:
             engine, self.engine = self.engine, None
             await asyncio.to_thread(engine.shutdown)
@@ -215,6 +228,8 @@ class VllmEngine(Engine):
         ~10-20 ms a card) on the event loop, one request at a time, which caps a server at a few dozen
         cards a second; vLLM >= 0.2x's renderer does the same work on a pool of threads.
         """
+        if self.process_renderer is not None:
+            return await self.process_renderer.render(prompt)
         renderer = getattr(self.engine, "renderer", None)
         if renderer is None or not hasattr(renderer, "render_cmpl_async"):
             return prompt
