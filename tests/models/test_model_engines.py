@@ -213,6 +213,13 @@ def test_images_processed_in_worker_processes_give_the_same_output(vllm_server, 
             r = _client(target).chat.completions.create(model="x", messages=_messages(), max_tokens=12, temperature=0)
             answers.append((r.choices[0].message.content, r.usage.prompt_tokens))
         assert answers[0][0] and answers[0] == answers[1]
+        # A worker killed between requests: the next request is served by fresh workers, not failed.
+        psutil.Process(pids[0]).kill()
+        psutil.Process(pids[0]).wait(timeout=10)
+        r = _client(server).chat.completions.create(model="x", messages=_messages(), max_tokens=12, temperature=0)
+        assert (r.choices[0].message.content, r.usage.prompt_tokens) == answers[0]
+        assert not set(server.engine.process_renderer.pids()) & set(pids)
+        pids += server.engine.process_renderer.pids()
     finally:
         server.stop()
     deadline = time.monotonic() + 20

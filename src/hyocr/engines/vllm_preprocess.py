@@ -64,13 +64,21 @@ class ProcessRenderer:
             started.result()
 
     async def render(self, prompt: dict[str, Any]) -> Any:
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self.pool, _render, prompt)
-        except BrokenProcessPool as exc:  # a worker died (killed, out of memory): replace the pool
-            log.error("a preprocessing worker died; starting new ones")
-            old, self.pool = self.pool, self._pool()
-            old.shutdown(wait=False, cancel_futures=True)
-            raise ServiceUnavailable("image preprocessing failed; retry", code="preprocess_failed") from exc
+        """The prompt's EngineInput. A worker that died (killed, out of memory) breaks the whole pool: it
+        is replaced and the request tried once more on the new one before the client gets a 503."""
+        loop = asyncio.get_running_loop()
+        for attempt in (1, 2):
+            pool = self.pool
+            try:
+                return await loop.run_in_executor(pool, _render, prompt)
+            except BrokenProcessPool as exc:
+                if pool is self.pool:  # the first request to notice replaces it
+                    log.error("a preprocessing worker died; starting new workers")
+                    self.pool = self._pool()
+                    pool.shutdown(wait=False, cancel_futures=True)
+                if attempt == 2:
+                    raise ServiceUnavailable("image preprocessing failed; retry", code="preprocess_failed") from exc
+        raise AssertionError("unreachable")
 
     def pids(self) -> list[int]:
         return list(self.pool._processes or {})
