@@ -17,47 +17,31 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from gateway_overhead import free_port, start  # noqa: E402  (this folder: started and checked alike)
+
 from hyocr.bench.load import run_level  # noqa: E402
 from hyocr.bench.workload import Workload  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return times.user + times.system
 
 
 def start_server(port: int) -> subprocess.Popen:
     env = {**os.environ, "HYOCR_UI": "false", "HYOCR_LOG_LEVEL": "warning", "HYOCR_MAX_CONCURRENCY": "256",
            "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "hyocr", "serve", "--engine", "fake", "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("the server did not start")
+    return start([sys.executable, "-m", "hyocr", "serve", "--engine", "fake", "--port", str(port)], env,
+                 f"http://127.0.0.1:{port}")
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
 
 
 async def batch(url: str, server: psutil.Process, workload: Workload, requests: int, concurrency: int) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -19,10 +18,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from hyocr.bench import report  # noqa: E402
-from hyocr.bench.load import GpuMemorySampler, LevelResult, _quantile  # noqa: E402
+from hyocr.bench.load import GpuMemorySampler, Sample, summarize  # noqa: E402
 from hyocr.bench.workload import Workload  # noqa: E402
-from hyocr.engines.vllm import IMAGE_END, IMAGE_START, apply_version_workarounds, hunyuan_backend  # noqa: E402
 from hyocr.engines.hunyuan import IMAGE_PLACEHOLDER  # noqa: E402
+from hyocr.engines.vllm import IMAGE_END, IMAGE_START, apply_version_workarounds, hunyuan_backend  # noqa: E402
 
 
 async def main() -> None:
@@ -63,7 +62,7 @@ async def run_workload(engine, prompt: str, workload: Workload, args) -> None:
 
     images: dict[int, object] = {}  # drawn before the clock starts, as hyocr bench pre-encodes its bodies
 
-    async def one(index: int, rid: str) -> tuple[float, float | None, int, int]:
+    async def one(index: int, rid: str) -> Sample:
         image = images.pop(index) if index in images else workload.image(index)
         started = time.perf_counter()
         ttft, tokens, prompt_tokens = None, 0, 0
@@ -72,7 +71,7 @@ async def run_workload(engine, prompt: str, workload: Workload, args) -> None:
             tokens += len(out.outputs[0].token_ids)
             if ttft is None and out.outputs[0].token_ids:
                 ttft = time.perf_counter() - started
-        return time.perf_counter() - started, ttft, tokens, prompt_tokens
+        return Sample(True, time.perf_counter() - started, ttft, tokens, prompt_tokens)
 
     async def level(c: int, n: int, offset: int) -> dict:
         queue = list(range(offset, offset + n))
@@ -88,18 +87,7 @@ async def run_workload(engine, prompt: str, workload: Workload, args) -> None:
             started = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(c)))
             duration = time.perf_counter() - started
-        lat = [s[0] for s in samples]
-        ttft = [s[1] for s in samples if s[1] is not None]
-        return LevelResult(
-            concurrency=c, requests=n, errors=0, duration_s=round(duration, 3),
-            throughput_rps=round(n / duration, 3), output_tokens_per_s=round(sum(s[2] for s in samples) / duration, 1),
-            latency_mean_s=round(statistics.fmean(lat), 4), latency_p50_s=round(_quantile(lat, 0.5), 4),
-            latency_p99_s=round(_quantile(lat, 0.99), 4), ttft_p50_s=round(_quantile(ttft, 0.5), 4),
-            ttft_p99_s=round(_quantile(ttft, 0.99), 4),
-            prompt_tokens_mean=round(statistics.fmean(s[3] for s in samples), 1),
-            completion_tokens_mean=round(statistics.fmean(s[2] for s in samples), 1),
-            peak_gpu_memory_bytes=gpu.peak,
-        ).as_dict()
+        return summarize(samples, concurrency=c, duration=duration, peak=gpu.peak).as_dict()
 
     # Same seeds and counts as hyocr bench: warm-up images from 10**6, levels from 0.
     await asyncio.gather(*(one(10**6 + i, f"warm-{i}") for i in range(4)))

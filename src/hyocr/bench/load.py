@@ -20,7 +20,7 @@ import httpx
 from .gpu import NVIDIA_SMI, GpuMemorySampler, GpuProbe, PeakSampler
 from .workload import Workload
 
-__all__ = ["GpuMemorySampler", "LevelResult", "Sample", "error_kind", "one_request", "run_level"]
+__all__ = ["GpuMemorySampler", "LevelResult", "Sample", "error_kind", "one_request", "run_level", "summarize"]
 
 # CUDA's "CUDA out of memory", torch's OutOfMemoryError, vLLM's messages, an "out_of_memory" code.
 _OOM = re.compile(r"out[ _]of[ _]memory|outofmemory|\boom\b", re.IGNORECASE)
@@ -137,6 +137,13 @@ async def run_level(
             started = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(concurrency)))
             duration = time.perf_counter() - started
+    return summarize(samples, concurrency=concurrency, duration=duration, peak=memory.peak,
+                     source=gpu.source if gpu and memory.peak is not None else None)
+
+
+def summarize(samples: list[Sample], *, concurrency: int, duration: float, peak: int | None = None,
+              source: str | None = None) -> LevelResult:
+    """One level's figures from its samples (also the raw vLLM baseline's, so both are computed alike)."""
     ok = [s for s in samples if s.ok]
     latencies = [s.latency for s in ok]
     ttfts = [s.ttft for s in ok if s.ttft is not None]
@@ -158,7 +165,7 @@ async def run_level(
         ttft_p99_s=round(_quantile(ttfts, 0.99), 4) if ttfts else None,
         prompt_tokens_mean=round(statistics.fmean([s.prompt_tokens for s in ok]), 1) if ok else 0.0,
         completion_tokens_mean=round(statistics.fmean([s.completion_tokens for s in ok]), 1) if ok else 0.0,
-        peak_gpu_memory_bytes=memory.peak,
+        peak_gpu_memory_bytes=peak,
         error_breakdown=breakdown,
-        peak_gpu_memory_source=gpu.source if gpu and memory.peak is not None else None,
+        peak_gpu_memory_source=source,
     )

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import deque
 import re
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING

@@ -222,10 +222,11 @@ class VllmEngine(Engine):
                 await self.abort(request.request_id)
 
     async def engine_input(self, prompt: dict[str, Any]) -> Any:
-        """Tokens and processed image tensors for ``prompt``, made on the renderer's worker threads.
+        """Tokens and processed image tensors for ``prompt``, made off the event loop: by the worker
+        processes (``PREPROCESS=processes``) or on the renderer's threads.
 
         Given the raw prompt, ``AsyncLLM.generate`` runs the image processor (normalise, patchify:
-        ~10-20 ms a card) on the event loop, one request at a time, which caps a server at a few dozen
+        ~35 ms a card) on the event loop, one request at a time, which caps a server at a few dozen
         cards a second; vLLM >= 0.2x's renderer does the same work on a pool of threads.
         """
         if self.process_renderer is not None:
