@@ -41,9 +41,16 @@ VARIANTS = {
     "seqs128": "--max-num-seqs 128 --max-concurrency 128",
     "kv850": "--expected-tokens 850",
     "processes": "--preprocess processes",
+    "vllm-vit": "--vision-encoder vllm",  # vLLM's image-by-image encoder (hyocr's default: batched)
+    "hf-pixels": "--no-fast-pixels",  # transformers' image processor (hyocr's default: its fast path)
+    "session1": "--vision-encoder vllm --no-fast-pixels --stream-interval 1",  # hyocr's 2026-11-30 defaults
+    "noasync": '--vllm-args {"async_scheduling":false}',
 }
 MAX_TOKENS = os.environ.get("HYOCR_BENCH_MAX_TOKENS", "150")
 PYSPY = os.environ.get("HYOCR_BENCH_PYSPY")  # path of a py-spy binary: profile each server
+# Requests per level for a workload, e.g. "a4=32,32,64,128" (an A4 page takes ~4x a card): hyocr bench's
+# default (4 per stream) otherwise. benchmarks/raw_vllm.py takes the same --requests.
+REQUESTS = dict(item.split("=", 1) for item in os.environ.get("HYOCR_BENCH_REQUESTS", "").split() if "=" in item)
 
 
 def build_checkpoint() -> None:
@@ -125,8 +132,10 @@ def run_target(target: str, out: Path) -> None:
         ready = wait_ready(url, proc)
         print(f"{target}: ready in {ready:.0f}s", flush=True)
         # generate() at concurrency 1 takes ~4 s a request: fewer requests, but every level full.
-        requests = ["--requests", "16,16,32,64"] if target == "hyocr-transformers" else []
         for workload in WORKLOADS:
+            requests = ["--requests", "16,16,32,64"] if target == "hyocr-transformers" else []
+            if workload in REQUESTS:
+                requests = ["--requests", REQUESTS[workload]]
             bench = [sys.executable, "-m", "hyocr", "bench", "--url", url, "--workload", workload,
                      "--concurrency", CONCURRENCY, "--max-tokens", MAX_TOKENS, "--fixed-output",
                      "--label", target, "--output", str(out / f"{workload}-{safe(target)}.json"), *requests]

@@ -1,35 +1,50 @@
 #!/usr/bin/env bash
 # The issue-9 measurements on the GPU machine, in steps that each fit one 10-minute device call.
-# On the device, after staging vLLM (../shared/docs/DEVICE.md) and exporting the code to .stage/hyocr:
-#   source .stage/c2/install.sh && cd .stage/hyocr && bash benchmarks/h200_issue9.sh STEP $OUT/DIR
-# STEP: hyocr   hyocr's shipped defaults on card, page and a4, with a py-spy profile and GPU traces
+# On the device, after staging vLLM (../shared/docs/DEVICE.md), from the checkout:
+#   source .stage/c2/install.sh && bash benchmarks/h200_issue9.sh STEP DIR   (then tar DIR into $OUT)
+# STEP: vit     the vision encoder's cost per image: plain PyTorch eager/graphed, vLLM's forward vs hyocr's
+#       diag    where a card's time goes at concurrency 64 (TARGETS, default: hyocr-vllm hyocr-vllm+vllm-vit)
+#       hyocr   hyocr's shipped defaults on card, page and a4, with a py-spy profile and GPU traces
 #       variants hyocr with one change each (VARIANTS, default: stream1 kv850 processes), card only
 #       raw     raw vLLM AsyncLLM with its defaults on card, page and a4 (the baseline; same session)
+#       transformers  hyocr's transformers engine on card and page (the baseline row)
 # Each step writes bench JSON (+ .gpu.csv traces, server logs) to DIR; copy the JSON to benchmarks/results/.
 set -uo pipefail
-step=${1:?step: hyocr | variants | raw}
+step=${1:?step: vit | diag | hyocr | variants | raw | transformers}
 out=${2:?output directory}
 mkdir -p "$out"
+# An A4 page takes ~4x a card: two requests per stream keep its levels near half a minute.
+A4_REQUESTS=${A4_REQUESTS:-32,32,64,128}
+export HYOCR_BENCH_REQUESTS="a4=$A4_REQUESTS"
 export PYTHONPATH="$PWD/src:${PYTHONPATH:-}"
 pyspy=$(command -v py-spy || true)
 if [ -z "$pyspy" ] && ls .whl/py_spy-*.whl >/dev/null 2>&1; then  # carried as a wheel: unpack it
-  python -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl && pyspy=/tmp/pyspy/bin/py-spy
+  python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl && pyspy=/tmp/pyspy/bin/py-spy
 fi
 case "$step" in
+  vit)
+    python3 benchmarks/vit_cost.py "$out/vit-cost.json"; exit ;;
+  diag)
+    HYOCR_BENCH_PYSPY="$pyspy" python3 benchmarks/h200_diag.py "$out" ${TARGETS:-hyocr-vllm hyocr-vllm+vllm-vit}
+    exit ;;
   hyocr)
-    HYOCR_BENCH_WORKLOAD=card,page,a4 HYOCR_BENCH_PYSPY="$pyspy" python benchmarks/engines_gpu.py "$out" hyocr-vllm ;;
+    HYOCR_BENCH_WORKLOAD=${WORKLOADS:-card,page,a4} HYOCR_BENCH_PYSPY="${PYSPY_ON:+$pyspy}" \
+      python3 benchmarks/engines_gpu.py "$out" hyocr-vllm ;;
   variants)
     targets=()
     for v in ${VARIANTS:-stream1 kv850 processes}; do targets+=("hyocr-vllm+$v"); done
-    HYOCR_BENCH_WORKLOAD=card python benchmarks/engines_gpu.py "$out" "${targets[@]}" ;;
+    HYOCR_BENCH_WORKLOAD=card python3 benchmarks/engines_gpu.py "$out" "${targets[@]}" ;;
   raw)
-    timeout -k 5 540 python benchmarks/raw_vllm.py /tmp/hunyuanocr-1.0-random "$out/{workload}-raw-vllm.json" \
-      --workload card,page,a4 > "$out/raw.log" 2>&1
+    timeout -k 5 540 python3 benchmarks/raw_vllm.py /tmp/hunyuanocr-1.0-random "$out/{workload}-raw-vllm.json" \
+      --workload ${WORKLOADS:-card,page,a4} --requests "a4=$A4_REQUESTS" > "$out/raw.log" 2>&1
     pkill -9 -f EngineCore ;;
+  transformers)
+    HYOCR_BENCH_WORKLOAD=${WORKLOADS:-card,page} python3 benchmarks/engines_gpu.py "$out" hyocr-transformers ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
-for f in "$out"/*.json; do
-  python - "$f" <<'EOF'
+for f in "$out"/{card,page,a4}-*.json; do
+  [ -e "$f" ] || continue
+  python3 - "$f" <<'EOF'
 import json, sys
 doc = json.load(open(sys.argv[1]))
 print(sys.argv[1].rsplit("/", 1)[-1], [(lv["concurrency"], lv["throughput_rps"], lv["latency_p50_s"], lv["ttft_p50_s"],

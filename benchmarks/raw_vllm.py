@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from hyocr.bench import report  # noqa: E402
-from hyocr.bench.load import GpuMemorySampler, Sample, summarize  # noqa: E402
+from hyocr.bench.load import GpuMemorySampler, Sample, default_requests, summarize  # noqa: E402
 from hyocr.bench.workload import Workload  # noqa: E402
 from hyocr.engines.hunyuan import IMAGE_PLACEHOLDER  # noqa: E402
 from hyocr.engines.vllm import IMAGE_END, IMAGE_START, apply_version_workarounds, hunyuan_backend  # noqa: E402
@@ -31,6 +31,10 @@ async def main() -> None:
     parser.add_argument("--workload", default="card")
     parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--max-tokens", type=int, default=150)
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="the tiny test checkpoint's image processor on machines without torchvision")
+    parser.add_argument("--requests", action="append", default=[], metavar="WORKLOAD=N,N,...",
+                        help="requests per level for a workload (default: hyocr bench's)")
     args = parser.parse_args()
 
     import vllm
@@ -40,6 +44,7 @@ async def main() -> None:
     apply_version_workarounds(vllm.__version__)
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(
         model=args.checkpoint, enable_prefix_caching=False, mm_processor_cache_gb=0, disable_log_stats=True,
+        trust_remote_code=args.trust_remote_code,
     ))
     tokenizer = engine.get_tokenizer()
     messages = [{"role": "system", "content": ""},
@@ -92,8 +97,10 @@ async def run_workload(engine, prompt: str, workload: Workload, args) -> None:
     # Same seeds and counts as hyocr bench: warm-up images from 10**6, levels from 0.
     await asyncio.gather(*(one(10**6 + i, f"warm-{i}") for i in range(4)))
     levels, offset = [], 0
-    for c in (int(x) for x in args.concurrency.split(",")):
-        n = max(32, 2 * c)
+    counts = dict(item.split("=", 1) for item in args.requests).get(workload.name)
+    counts = [int(x) for x in counts.split(",")] if counts else None
+    for i, c in enumerate(int(x) for x in args.concurrency.split(",")):
+        n = counts[min(i, len(counts) - 1)] if counts else default_requests(c)
         levels.append(await level(c, n, offset))
         offset += n
         print(levels[-1], flush=True)

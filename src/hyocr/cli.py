@@ -102,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "HunyuanOCR, 1720x2433 (seeded synthetic text images)")
     bench.add_argument("--concurrency", default="1,8,32", help="comma-separated levels")
     bench.add_argument("--requests", help="requests per level, one number or one per level "
-                       "(default max(32, 2 x concurrency))")
+                       "(default max(32, 4 x concurrency))")
+    bench.add_argument("--clients", type=int, default=0,
+                       help="load-generator processes per level (default: one per 16 concurrent streams)")
     bench.add_argument("--max-tokens", dest="max_tokens", type=int, default=150)
     bench.add_argument("--fixed-output", dest="fixed_output", action="store_true",
                        help="ignore end-of-sequence: exactly --max-tokens per request (engine comparisons)")

@@ -122,6 +122,29 @@ def test_url_run_reads_peak_gpu_memory_from_authenticated_metrics_then_compares(
         assert image.format == "PNG" and image.width > 0
 
 
+def test_a_level_spread_over_client_processes_counts_every_request_once(
+        fake_server_factory, tmp_path, no_gpu_tools):
+    server = fake_server_factory(ui=False)
+    out = tmp_path / "clients.json"
+    assert bench("--url", server.url, "--workload", "card", "--concurrency", "3,6", "--requests", "7,13",
+                 "--clients", "2", "--max-tokens", "8", "--warmup", "0", "--output", str(out)) == 0
+    levels = read(out)["levels"]
+    assert [(lv["clients"], lv["requests"], lv["errors"]) for lv in levels] == [(2, 7, 0), (2, 13, 0)]
+    assert all(lv["completion_tokens_mean"] > 0 and lv["ttft_p50_s"] is not None for lv in levels)
+    # the server saw exactly those requests, each once (its own counter, not the client's)
+    metrics = __import__("httpx").get(server.url + "/metrics").text
+    line = next(x for x in metrics.splitlines()
+                if x.startswith("hyocr_requests_total{") and "chat/completions" in x and 'status="200"' in x)
+    assert float(line.rsplit(" ", 1)[1]) == 20
+
+
+def test_automatic_client_processes_follow_the_concurrency():
+    from hyocr.bench.load import client_processes
+
+    assert [client_processes(c) for c in (1, 8, 16, 17, 32, 64)] == [1, 1, 1, 2, 2, 4]
+    assert client_processes(64, requested=1) == 1 and client_processes(2, requested=8) == 2
+
+
 def test_metrics_without_a_gpu_gauge_fall_back_to_nvidia_smi(fake_server_factory, tmp_path, monkeypatch, capsys):
     tools = tmp_path / "bin"
     tools.mkdir()

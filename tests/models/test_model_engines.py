@@ -144,6 +144,13 @@ def test_models_endpoint_reports_engine_and_checkpoint(model_server, tiny_checkp
     assert data.model_extra["hyocr"]["path"] == str(tiny_checkpoint)
 
 
+def test_vllm_engine_process_loads_hyocrs_worker_extension(vllm_server):
+    """The extension (engines/vllm_vision.py) is imported inside vLLM's engine process and answers the
+    engine's RPC: on vLLM 0.32+ (HunYuanVL through transformers) it reports leaving the encoder alone."""
+    details = _client(vllm_server).models.list().data[0].model_extra["hyocr"]
+    assert "transformers backend" in details["vision_encoder"] or "encoder active" in details["vision_encoder"]
+
+
 def test_lora_adapter_is_listed_selected_by_model_name_and_applied(vllm_server):
     client = _client(vllm_server)
     models = {m.id: m for m in client.models.list().data}

@@ -2,13 +2,19 @@
 server, measuring latency and time to first token per request (httpx, asyncio).
 
 Request bodies are built before the clock starts, so the generator measures the server, not
-image encoding.
+image encoding. One client process handles about 16 streams (``STREAMS_PER_CLIENT``): parsing a
+card's ~40 server-sent events costs the client ~20 ms of CPU (measured on the H200 machine), so a
+single process would saturate its core near 50 requests/s and measure itself instead of the server.
+Higher concurrency is split over client processes that start together; their samples are pooled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import multiprocessing
+import queue
 import re
 import statistics
 import time
@@ -55,6 +61,7 @@ class LevelResult:
     peak_gpu_memory_bytes: int | None
     error_breakdown: dict[str, int] = field(default_factory=dict)
     peak_gpu_memory_source: str | None = None  # gpu.SERVER_METRICS | gpu.NVIDIA_SMI | None
+    clients: int = 1  # load-generator processes the level was spread over
 
     def __post_init__(self) -> None:
         self.error_rate = round(self.errors / self.requests, 4) if self.requests else 0.0
@@ -116,16 +123,28 @@ async def one_request(client: httpx.AsyncClient, body: dict) -> Sample:
                   usage.get("prompt_tokens", 0))
 
 
-async def run_level(
-    url: str, workload: Workload, *, concurrency: int, requests: int, offset: int = 0,
-    timeout: float = 600.0, model: str = "hyocr", progress: Callable[[], object] | None = None,
-    headers: dict[str, str] | None = None, gpu: GpuProbe | None = None,
-) -> LevelResult:
-    bodies = [workload.chat_body(offset + i, model) for i in range(requests)]
+STREAMS_PER_CLIENT = 16
+
+
+def default_requests(concurrency: int) -> int:
+    """Requests per level: four per stream (the first round starts together; later ones arrive as
+    earlier ones finish, the steady state a server sees), and at least 32."""
+    return max(32, 4 * concurrency)
+
+
+def client_processes(concurrency: int, requested: int = 0) -> int:
+    """Client processes for a level: ``requested``, else one per STREAMS_PER_CLIENT streams."""
+    wanted = requested or math.ceil(concurrency / STREAMS_PER_CLIENT)
+    return max(1, min(wanted, concurrency))
+
+
+async def closed_loop(url: str, bodies: list[dict], concurrency: int, *, timeout: float,
+                      headers: dict[str, str] | None, progress: Callable[[], object] | None = None) -> list[Sample]:
+    """``concurrency`` workers sending ``bodies`` back to back: each starts its next request when its
+    last one ends."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     samples: list[Sample] = []
     pending = iter(bodies)
-
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits, headers=headers) as client:
         async def worker() -> None:
             for body in pending:  # shared iterator: each body is taken by exactly one worker
@@ -133,12 +152,90 @@ async def run_level(
                 if progress is not None:
                     progress()
 
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return samples
+
+
+def _client_process(url: str, workload: Workload, indices: list[int], model: str, concurrency: int,
+                    timeout: float, headers: dict[str, str] | None, start: object, done: object,
+                    results: object) -> None:
+    """One client process: draw its share of the bodies, wait for the common start, run them, report
+    (samples, end time)."""
+    bodies = [workload.chat_body(i, model) for i in indices]
+
+    def count() -> None:
+        with done.get_lock():
+            done.value += 1
+
+    async def go() -> list[Sample]:
+        return await closed_loop(url, bodies, concurrency, timeout=timeout, headers=headers, progress=count)
+
+    start.wait()
+    samples = asyncio.run(go())
+    results.put((samples, time.monotonic()))  # CLOCK_MONOTONIC: one clock for every process on Linux
+
+
+async def run_level(
+    url: str, workload: Workload, *, concurrency: int, requests: int, offset: int = 0,
+    timeout: float = 600.0, model: str = "hyocr", progress: Callable[[], object] | None = None,
+    headers: dict[str, str] | None = None, gpu: GpuProbe | None = None, clients: int = 0,
+) -> LevelResult:
+    processes = client_processes(concurrency, clients)
+    indices = list(range(offset, offset + requests))
+    if processes == 1:
+        bodies = [workload.chat_body(i, model) for i in indices]
         async with PeakSampler(gpu.read if gpu else None) as memory:
-            started = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            duration = time.perf_counter() - started
-    return summarize(samples, concurrency=concurrency, duration=duration, peak=memory.peak,
-                     source=gpu.source if gpu and memory.peak is not None else None)
+            started = time.monotonic()
+            samples = await closed_loop(url, bodies, concurrency, timeout=timeout, headers=headers,
+                                        progress=progress)
+            duration = time.monotonic() - started
+    else:  # each client process draws its own bodies (in parallel), then they start together
+        samples, duration, memory = await _run_clients(url, workload, indices, model, concurrency, processes,
+                                                       timeout=timeout, headers=headers, progress=progress,
+                                                       gpu=gpu)
+    level = summarize(samples, concurrency=concurrency, duration=duration, peak=memory.peak,
+                      source=gpu.source if gpu and memory.peak is not None else None)
+    level.clients = processes
+    return level
+
+
+async def _run_clients(url: str, workload: Workload, indices: list[int], model: str, concurrency: int,
+                       processes: int, *, timeout: float, headers: dict[str, str] | None,
+                       progress: Callable[[], object] | None, gpu: GpuProbe | None) -> tuple[list, float, PeakSampler]:
+    """The level over ``processes`` client processes: streams and requests dealt out evenly, one start."""
+    ctx = multiprocessing.get_context("spawn")
+    start, done, results = ctx.Barrier(processes + 1), ctx.Value("i", 0), ctx.Queue()
+    shares = [concurrency // processes + (k < concurrency % processes) for k in range(processes)]
+    procs = [ctx.Process(target=_client_process, daemon=True,
+                         args=(url, workload, indices[k::processes], model, shares[k], timeout, headers, start,
+                               done, results))
+             for k in range(processes)]
+    for proc in procs:
+        proc.start()
+    try:
+        # Every client has imported and drawn its bodies (a page takes ~0.1 s to draw and encode).
+        await asyncio.to_thread(start.wait, 600)
+        async with PeakSampler(gpu.read if gpu else None) as memory:
+            started = time.monotonic()
+            reported, samples, ends = 0, [], []
+            while len(ends) < processes:
+                try:
+                    part, end = await asyncio.to_thread(results.get, True, 0.25)
+                    samples += part
+                    ends.append(end)
+                except queue.Empty:
+                    if not any(p.is_alive() for p in procs) and results.empty():
+                        raise RuntimeError("a load-generator process died") from None
+                if progress is not None:
+                    while reported < done.value:
+                        reported += 1
+                        progress()
+        return samples, max(ends) - started, memory
+    finally:
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
 
 
 def summarize(samples: list[Sample], *, concurrency: int, duration: float, peak: int | None = None,

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from . import BenchError, compare, plot, report
 from .gpu import choose_probe
-from .load import run_level
+from .load import default_requests, run_level
 from .workload import Workload
 
 DEFAULT_PROMPT = "提取图中的文字。"
@@ -20,7 +20,7 @@ DEFAULT_PROMPT = "提取图中的文字。"
 
 async def bench(url: str, workload: Workload, concurrency: list[int], requests: list[int] | None,
                 warmup: int, label: str | None, timeout: float, *, target: str | None = None,
-                headers: dict[str, str] | None = None, metrics_url: str | None = None) -> dict:
+                headers: dict[str, str] | None = None, metrics_url: str | None = None, clients: int = 0) -> dict:
     url = url.rstrip("/").removesuffix("/v1")
     meta = report.metadata(url, workload, label, target=target, headers=headers)
     model = meta["server"].get("model") or "hyocr"
@@ -35,10 +35,10 @@ async def bench(url: str, workload: Workload, concurrency: list[int], requests: 
     levels = []
     offset = 0
     for i, c in enumerate(concurrency):
-        n = requests[min(i, len(requests) - 1)] if requests else max(32, 2 * c)
+        n = requests[min(i, len(requests) - 1)] if requests else default_requests(c)
         with tqdm(total=n, desc=f"concurrency {c}", **bar_options) as bar:
             level = await run_level(url, workload, concurrency=c, requests=n, offset=offset, progress=bar.update,
-                                    gpu=gpu, **common)
+                                    gpu=gpu, clients=clients, **common)
         offset += n
         levels.append(level.as_dict())
     return {"metadata": meta, "levels": levels, "sustained_concurrency": report.sustained(levels)}
@@ -78,6 +78,8 @@ def run_main(args) -> int:
         raise BenchError("--model and --set configure the server that --engine starts; with --url, "
                          "configure that server instead")
     concurrency = _positive_ints(args.concurrency, "--concurrency")
+    if args.clients < 0:
+        raise BenchError(f"--clients {args.clients}: expected 0 (automatic) or a positive number")
     requests = _positive_ints(args.requests, "--requests") if args.requests else None
     _check_destinations(args.output, args.markdown, args.plot)
     if args.plot:
@@ -88,7 +90,8 @@ def run_main(args) -> int:
 
     def measure(url: str, target: str | None = None) -> dict:
         return asyncio.run(bench(url, workload, concurrency, requests, args.warmup, args.label, args.timeout,
-                                 target=target, headers=headers, metrics_url=args.metrics_url))
+                                 target=target, headers=headers, metrics_url=args.metrics_url,
+                                 clients=args.clients))
 
     if args.engine:
         from .server import InProcessServer, engine_settings, parse_sets, public_settings

@@ -14,6 +14,7 @@ engine detects which path the installed vLLM takes and renders accordingly.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -27,12 +28,13 @@ from ..types import EngineChunk, EngineRequest, FinishReason, PageImage, Samplin
 from .base import Engine, EngineInfo
 from .hunyuan import IMAGE_PLACEHOLDER, PixelBounds, fit_image, sampling_kwargs
 from .registry import ALL_TASKS
-from .vllm_tuning import DEFAULT_MAX_NUM_BATCHED_TOKENS, preprocess_workers, size_engine
+from .vllm_tuning import DEFAULT_MAX_NUM_BATCHED_TOKENS, VISION_ENCODER_ENV, preprocess_workers, size_engine
 
 if TYPE_CHECKING:
     from ..config import Settings
 
 log = logging.getLogger(__name__)
+VISION_EXTENSION = "hyocr.engines.vllm_vision.VisionWorkerExtension"
 IMAGE_START = "<｜hy_place▁holder▁no▁100｜>"
 IMAGE_END = "<｜hy_place▁holder▁no▁101｜>"
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
@@ -60,8 +62,10 @@ class VllmEngine(Engine):
                  max_images: int = 8, bounds: PixelBounds = PixelBounds(),
                  revision: str | None = None, subfolder: str | None = None,
                  lora_modules: dict[str, str] | None = None, expected_tokens: int = 0,
-                 preprocess_processes: int = 0) -> None:
+                 preprocess_processes: int = 0, vision_encoder: str = "vllm", fast_pixels: bool = True) -> None:
         self.engine_args = engine_args
+        self.vision_encoder = vision_encoder
+        self.fast_pixels = fast_pixels
         self.expected_tokens = expected_tokens
         self.preprocess_processes = preprocess_processes  # > 0: images processed in this many processes
         self.process_renderer: Any = None
@@ -100,6 +104,8 @@ class VllmEngine(Engine):
             expected_tokens=settings.expected_tokens,
             preprocess_processes=(preprocess_workers(settings.preprocess_workers)
                                   if settings.preprocess == "processes" else 0),
+            vision_encoder=settings.vision_encoder,
+            fast_pixels=settings.fast_pixels,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -118,21 +124,39 @@ class VllmEngine(Engine):
             self.engine_args.update(model=resolved, tokenizer=resolved)
             self.engine_args.pop("revision", None)
         self.engine_args = size_engine(self.engine_args, expected_tokens=self.expected_tokens)
+        # hyocr's worker extension (engines/vllm_vision.py) is imported in the engine process before the
+        # model is built; it reads the encoder choice from the environment that process inherits.
+        self.engine_args.setdefault("worker_extension_cls", VISION_EXTENSION)
+        os.environ[VISION_ENCODER_ENV] = self.vision_encoder
         args = AsyncEngineArgs(**supported_args(self.engine_args))
         # Building the engine blocks for tens of seconds (processes, weights, compilation): off the event
         # loop, so a restart by the supervisor leaves /health, /ready and shedding responsive.
         self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         self.tokenizer = self.engine.get_tokenizer()
+        pixels = self.pixel_path()
         if self.preprocess_processes:
             from .vllm_preprocess import ProcessRenderer
 
-            self.process_renderer = ProcessRenderer(self.engine.vllm_config, self.preprocess_processes)
+            self.process_renderer = ProcessRenderer(self.engine.vllm_config, self.preprocess_processes, pixels)
             await asyncio.to_thread(self.process_renderer.start)
         self._started = True
+        await self.check_vision_encoder()
         await self.warm_up()
         self.info.details.update(vllm=__version__, backend=self.backend)
         log.info("vLLM %s engine ready in %.1fs (HunYuanVL via %s path), args %s", __version__,
                  time.perf_counter() - started, self.backend, self.engine_args)
+
+    def pixel_path(self) -> bool:
+        """The image processor's bit-identical fast path (engines/hunyuan_pixels.py) in this process, or
+        transformers' own; True when the fast path is on."""
+        from . import hunyuan_pixels
+
+        if not self.fast_pixels:
+            hunyuan_pixels.uninstall()
+            return False
+        on = hunyuan_pixels.install()
+        self.info.details["pixels"] = "hyocr fast path" if on else "transformers"
+        return on
 
     async def warm_up(self) -> None:
         """One small request through the whole path before serving. vLLM builds its image processor on
@@ -147,6 +171,20 @@ class VllmEngine(Engine):
         async for _ in self.generate(request):
             pass
         log.info("vLLM warm-up request done in %.1fs", time.perf_counter() - started)
+
+    async def check_vision_encoder(self) -> None:
+        """The batched encoder's self test in the engine process (it restores vLLM's encoder when the two
+        disagree on this GPU); the outcome goes to the log and /v1/models."""
+        if self.engine_args.get("worker_extension_cls") != VISION_EXTENSION:
+            return  # the user brought their own extension
+        try:
+            (report,) = await self.engine.collective_rpc("hyocr_vision_self_test")
+        except Exception as exc:  # an installed vLLM without worker extensions: its own encoder runs
+            log.warning("vision encoder: no report from the engine process (%s); vLLM's encoder runs", exc)
+            return
+        self.info.details["vision_encoder"] = report["status"]
+        level = logging.WARNING if self.vision_encoder != report["mode"] else logging.INFO
+        log.log(level, "vision encoder: %s", report["status"])
 
     async def stop(self) -> None:
         if self.process_renderer is not None:
@@ -326,6 +364,8 @@ def vllm_engine_args(settings: Settings) -> dict[str, Any]:
         args["swap_space"] = settings.swap_space
     if settings.kv_cache_memory_bytes:
         args["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
+    if settings.vllm_args:
+        args.update(json.loads(settings.vllm_args))  # validated as a JSON object by Settings
     return {k: v for k, v in args.items() if v is not None}
 
 

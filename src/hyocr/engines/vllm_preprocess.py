@@ -25,9 +25,14 @@ log = logging.getLogger(__name__)
 _renderer: Any = None  # in a worker: vLLM's renderer for the engine's config
 
 
-def _start_worker(vllm_config: Any) -> None:
+def _start_worker(vllm_config: Any, fast_pixels: bool = False) -> None:
     global _renderer
     from vllm.renderers import renderer_from_config
+
+    if fast_pixels:  # the image processor's fast path, as in the API process (engines/hunyuan_pixels.py)
+        from . import hunyuan_pixels
+
+        hunyuan_pixels.install()
 
     _renderer = renderer_from_config(vllm_config)
     # With the processor cache and prefix caching off (hyocr's defaults), vLLM names each image
@@ -47,15 +52,16 @@ def _ready() -> bool:
 
 
 class ProcessRenderer:
-    def __init__(self, vllm_config: Any, workers: int) -> None:
+    def __init__(self, vllm_config: Any, workers: int, fast_pixels: bool = False) -> None:
         self.vllm_config = vllm_config
         self.workers = workers
+        self.fast_pixels = fast_pixels
         self.pool = self._pool()
 
     def _pool(self) -> ProcessPoolExecutor:
         # spawn: a fork of a process holding CUDA, threads and an event loop is not safe.
         return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_start_worker, initargs=(self.vllm_config,))
+                                   initializer=_start_worker, initargs=(self.vllm_config, self.fast_pixels))
 
     def start(self) -> None:
         """Start every worker now (each imports vLLM and loads the tokenizer: seconds), not on the first

@@ -1,0 +1,113 @@
+"""HunyuanOCR's image processor on the serving path: the same pixel values for a fraction of the CPU.
+
+transformers' ``HunYuanVLImageProcessorPil`` (the backend vLLM pins for HunyuanOCR) turns an 8-bit
+image into patches in four passes over it: rescale (in float64), normalize, patchify's cast and its
+transpose. For a 1024x640 card that is the largest part of what the API process spends on a request
+(benchmarks/NOTES.md). Rescaling and normalising are elementwise, per channel: for 8-bit input a
+pixel's value depends only on its channel and its byte, so a 3 x 256 table made by the processor's
+own ``rescale`` and ``normalize`` gives bit-identical values. The patch layout is then a transpose of
+the bytes (a quarter of the memory traffic) and one table lookup writes the float patches.
+
+``install()`` replaces the class's ``_preprocess`` in this process, for every user of the class (the
+values are the same, so the transformers engine in the same process is unaffected); whatever the fast
+path does not cover (input that is not 8-bit, video frames) goes to the original.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+_lock = threading.Lock()
+_original: dict[str, Any] = {}
+_tables: dict[tuple, np.ndarray] = {}
+
+
+def _processor_class() -> Any:
+    try:
+        from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import HunYuanVLImageProcessorPil
+    except ImportError:  # transformers without HunYuanVL, or without its PIL backend
+        return None
+    return HunYuanVLImageProcessorPil
+
+
+def install() -> bool:
+    """Use the fast path for HunyuanOCR's processor in this process (idempotent); False if unavailable."""
+    cls = _processor_class()
+    if cls is None:
+        return False
+    with _lock:
+        if "preprocess" not in _original:
+            _original["preprocess"] = cls._preprocess
+            cls._preprocess = fast_preprocess
+    return True
+
+
+def uninstall() -> None:
+    cls = _processor_class()
+    with _lock:
+        if cls is not None and "preprocess" in _original:
+            cls._preprocess = _original.pop("preprocess")
+
+
+def value_table(processor: Any, channels: int, do_rescale: bool, rescale_factor: float, do_normalize: bool,
+                image_mean: Any, image_std: Any) -> np.ndarray:
+    """Float32 value of every byte in every channel, computed by the processor's own operations."""
+    key = (channels, do_rescale, float(rescale_factor), do_normalize, _key(image_mean), _key(image_std))
+    table = _tables.get(key)
+    if table is None:
+        values = np.broadcast_to(np.arange(256, dtype=np.uint8), (channels, 1, 256)).copy()  # (C, H=1, W=256)
+        out: np.ndarray = values
+        if do_rescale:
+            out = processor.rescale(out, rescale_factor)
+        if do_normalize:
+            out = processor.normalize(out, image_mean, image_std)
+        table = np.ascontiguousarray(np.asarray(out, dtype=np.float32).reshape(channels, 256))
+        _tables[key] = table
+    return table
+
+
+def _key(value: Any) -> Any:
+    return tuple(np.atleast_1d(value).tolist()) if value is not None else None
+
+
+def patch_bytes(image: np.ndarray, patch_size: int, merge_size: int) -> np.ndarray:
+    """(C, H, W) bytes -> (patches, C * patch_size**2) in the processor's patch order (its ``patchify``
+    with one temporal frame)."""
+    channels, height, width = image.shape
+    gh, gw = height // patch_size, width // patch_size
+    patches = image.reshape(channels, gh // merge_size, merge_size, patch_size, gw // merge_size, merge_size,
+                            patch_size)
+    return patches.transpose(1, 2, 4, 5, 0, 3, 6).reshape(gh * gw, channels * patch_size * patch_size)
+
+
+def fast_preprocess(self: Any, images: list, do_resize: bool, size: Any, resample: Any, do_rescale: bool,
+                    rescale_factor: float, do_normalize: bool, image_mean: Any, image_std: Any, patch_size: int,
+                    temporal_patch_size: int, merge_size: int, return_tensors: Any, **kwargs: Any) -> Any:
+    original = _original["preprocess"]
+    if temporal_patch_size != 1 or any(getattr(im, "dtype", None) != np.uint8 or im.ndim != 3 for im in images):
+        return original(self, images, do_resize, size, resample, do_rescale, rescale_factor, do_normalize,
+                        image_mean, image_std, patch_size, temporal_patch_size, merge_size, return_tensors, **kwargs)
+    from transformers.image_processing_utils import BatchFeature
+
+    all_patches, grids = [], []
+    factor = patch_size * merge_size
+    for image in images:
+        if do_resize:
+            from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import smart_resize
+
+            target = smart_resize(image.shape[1], image.shape[2], factor=factor,
+                                  min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
+            if target != tuple(image.shape[1:]):  # hyocr's engines hand over images already this size
+                image = self.resize(image, size=size, resample=resample, factor=factor)
+        table = value_table(self, image.shape[0], do_rescale, rescale_factor, do_normalize, image_mean, image_std)
+        flat = patch_bytes(np.asarray(image), patch_size, merge_size)
+        # Row c of the table for the bytes of channel c: one gather into the flattened table.
+        offsets = np.repeat(np.arange(image.shape[0], dtype=np.uint16) * 256, patch_size * patch_size)
+        all_patches.append(table.reshape(-1)[flat.astype(np.uint16) + offsets])
+        grids.append([1, image.shape[1] // patch_size, image.shape[2] // patch_size])
+    pixel_values = np.concatenate(all_patches, axis=0) if len(all_patches) > 1 else all_patches[0]
+    data = {"pixel_values": pixel_values, "image_grid_thw": np.array(grids, dtype=np.int64)}
+    return BatchFeature(data=data, tensor_type=return_tensors)

@@ -1,0 +1,211 @@
+"""HunyuanOCR's vision encoder inside vLLM's engine process: batched across images, timed on request.
+
+vLLM's native HunYuanVL (0.12-0.31) runs its 27 ViT layers image by image: for each layer it splits the
+batch into images and calls the layer once per image, so an encoder pass over B images launches
+B x 27 x ~11 kernels from Python. For a 1024x640 card (2560 patches) the GPU part of one layer is a
+fraction of a millisecond, so the engine's single thread spends the pass launching kernels, and the
+decoding of every running request waits behind it. ``batched`` runs each layer once over all the
+images of the pass, with variable-length flash attention keeping each image's attention to itself
+(``cu_seqlens``): the same arithmetic, B times fewer launches and larger matrix products (and, for
+one image, no per-layer split, copy and index building). vLLM 0.32+
+serves HunYuanVL through transformers, whose encoder already works this way, and is left alone.
+
+Loaded into the engine process as vLLM's ``worker_extension_cls`` (imported before the model is
+built), configured through the environment the engine process inherits:
+
+- ``HYOCR_VISION_ENCODER``: ``batched`` (install the batched forward) or ``vllm`` (leave vLLM's).
+- ``HYOCR_ENCODER_TIMING_FILE``: a path; the pass count, images, patches, wall and GPU seconds of the
+  encoder are written there (JSON, at most once a second): a diagnostic for benchmarks.
+
+The worker methods (``hyocr_*``) are called by the engine through ``collective_rpc``: a start-up self
+test compares the batched forward with vLLM's on random images on the real GPU and puts vLLM's back
+if they disagree.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from .vllm_tuning import VISION_ENCODER_ENV as ENV_MODE
+
+log = logging.getLogger(__name__)
+
+ENV_TIMING = "HYOCR_ENCODER_TIMING_FILE"
+MODES = ("batched", "vllm")
+# bf16 activations through 27 layers: matrix products over more rows may round differently.
+SELF_TEST_TOLERANCE = 2e-2
+
+_state: dict[str, Any] = {"mode": "vllm", "status": "not installed", "stock": None}
+_timing = {"passes": 0, "images": 0, "patches": 0, "wall_s": 0.0, "gpu_s": 0.0}
+_pending: list[tuple[Any, Any]] = []  # CUDA events of passes whose GPU time is not read yet
+_last_write = 0.0
+
+
+def _native_class() -> Any:
+    """vLLM's native HunYuanVisionTransformer, or None (vLLM 0.32+ has none)."""
+    try:
+        from vllm.model_executor.models import hunyuan_vision
+    except ImportError:
+        return None
+    return getattr(hunyuan_vision, "HunYuanVisionTransformer", None)
+
+
+def image_lengths(grid_thw: list) -> list[int] | None:
+    """Patches per image from (t, h, w) rows; None when an item is not a single image (t != 1)."""
+    lengths = []
+    for t, h, w in grid_thw:
+        if int(t) != 1:
+            return None
+        lengths.append(int(h) * int(w))
+    return lengths
+
+
+def cumulative_lengths(lengths: list[int]) -> list[int]:
+    """[0, l0, l0+l1, ...]: the sequence boundaries variable-length attention takes."""
+    return [0, *itertools.accumulate(lengths)]
+
+
+def batched_forward(self: Any, x: Any, grid_thw: list) -> list:
+    """HunYuanVisionTransformer.forward with each layer run once over every image of the pass."""
+    import torch
+
+    lengths = image_lengths(grid_thw)
+    if lengths is None or not _flash_attention(self):
+        return _state["stock"](self, x, grid_thw)
+    hidden = x.to(device=self.device, dtype=self.dtype)
+    hidden = self.embeddings(hidden, grid_thw).reshape(1, sum(lengths), -1)
+    cu_seqlens = torch.tensor(cumulative_lengths(lengths), dtype=torch.int32).to(self.device, non_blocking=True)
+    # On the CPU: flash attention reads it with .item(), which must not wait for the GPU.
+    max_seqlen = torch.tensor(max(lengths), dtype=torch.int32)
+    for layer in self.layers:
+        attn = layer.self_attn
+        qkv, _ = attn.qkv(layer.input_layernorm(hidden))
+        q, k, v = qkv.chunk(3, dim=-1)
+        out, _ = attn.o_proj(attn.attn(q, k, v, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen))
+        hidden = hidden + out
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    embeds = []
+    for grid, (start, end) in zip(grid_thw, itertools.pairwise(cumulative_lengths(lengths))):
+        embeds.append(self.perceive(hidden[:, start:end].contiguous(), size=grid[1:]).squeeze(0))
+    return embeds
+
+
+def _flash_attention(visual: Any) -> bool:
+    """Variable-length batching needs the flash-attention backend (the one vLLM picks on Ampere+)."""
+    try:
+        return bool(visual.layers[0].self_attn.attn.is_flash_attn_backend)
+    except (AttributeError, IndexError):
+        return False
+
+
+def _timed(forward: Any) -> Any:
+    def timed_forward(self: Any, x: Any, grid_thw: list) -> list:
+        import torch
+
+        started = time.perf_counter()
+        begin = end = None
+        if torch.cuda.is_available():
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        out = forward(self, x, grid_thw)
+        if end is not None:
+            end.record()
+            _pending.append((begin, end))
+        _timing["passes"] += 1
+        _timing["images"] += len(grid_thw)
+        _timing["patches"] += sum(int(t) * int(h) * int(w) for t, h, w in grid_thw)
+        _timing["wall_s"] += time.perf_counter() - started
+        _flush_timing()
+        return out
+
+    return timed_forward
+
+
+def _flush_timing() -> None:
+    """Add the GPU time of finished passes (without waiting for the GPU) and write the file each second."""
+    global _last_write
+    while _pending and _pending[0][1].query():
+        begin, end = _pending.pop(0)
+        _timing["gpu_s"] += begin.elapsed_time(end) / 1000
+    path = os.environ.get(ENV_TIMING)
+    now = time.monotonic()
+    if path and now - _last_write >= 1.0:
+        _last_write = now
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({**_timing, "time": time.time(), "mode": _state["mode"]}, f)
+        os.replace(tmp, path)
+
+
+def install(mode: str | None = None) -> str:
+    """Put the requested forward on vLLM's native class (in this process); returns what was done."""
+    mode = (mode or os.environ.get(ENV_MODE) or "vllm").lower()
+    cls = _native_class()
+    if cls is None:
+        _state.update(status="vLLM has no native HunYuanVL encoder here (transformers backend): left as is")
+        return _state["status"]
+    if _state["stock"] is None:
+        _state["stock"] = cls.forward
+    forward = batched_forward if mode == "batched" else _state["stock"]
+    if os.environ.get(ENV_TIMING):
+        forward = _timed(forward)
+    cls.forward = forward
+    _state.update(mode=mode if mode in MODES else "vllm", status=f"{mode} encoder installed")
+    return _state["status"]
+
+
+def compare_forwards(visual: Any, grids: list[list[int]], seed: int = 0) -> float:
+    """Largest difference between vLLM's and the batched forward on random images of these grids,
+    relative to the largest output value."""
+    import torch
+
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    patch_dim = visual.embeddings.num_channels * visual.embeddings.patch_size ** 2
+    pixels = torch.randn(sum(t * h * w for t, h, w in grids), patch_dim, generator=generator)
+    with torch.inference_mode():
+        stock = _state["stock"](visual, pixels, grids)
+        batched = batched_forward(visual, pixels, grids)
+    worst = 0.0
+    for a, b in zip(stock, batched, strict=True):
+        scale = a.float().abs().max().clamp_min(1e-6)
+        worst = max(worst, float((a.float() - b.float()).abs().max() / scale))
+    return worst
+
+
+class VisionWorkerExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``); its methods run in the engine process."""
+
+    def hyocr_vision_status(self) -> dict:
+        return {"mode": _state["mode"], "status": _state["status"]}
+
+    def hyocr_vision_self_test(self) -> dict:
+        """Compare the batched forward with vLLM's on a card, a page and an odd size together; vLLM's
+        forward goes back if they disagree or the batched one fails."""
+        if _state["mode"] != "batched":
+            return self.hyocr_vision_status()
+        visual = getattr(self.model_runner.get_model(), "visual", None)
+        grids = [[1, 40, 64], [1, 76, 100], [1, 34, 22]]  # 1024x640, 1600x1216, 352x544 at 16-pixel patches
+        try:
+            error = compare_forwards(visual, grids)
+        except Exception as exc:  # a backend or shape this forward does not handle
+            install("vllm")
+            _state["status"] = f"batched encoder failed its self test ({type(exc).__name__}: {exc}); vLLM's restored"
+            return {**self.hyocr_vision_status(), "error": None}
+        if not error <= SELF_TEST_TOLERANCE:
+            install("vllm")
+            _state["status"] = f"batched encoder differs from vLLM's by {error:.2e}; vLLM's restored"
+        else:
+            _state["status"] = f"batched encoder active (self test: max relative difference {error:.1e})"
+        return {**self.hyocr_vision_status(), "error": error}
+
+    def hyocr_encoder_timing(self) -> dict:
+        _flush_timing()
+        return dict(_timing)
+
+
+install()  # on import, in the engine process (vLLM imports the extension before building the model)
