@@ -15,7 +15,7 @@ out=${2:?output directory}
 mkdir -p "$out"
 # An A4 page takes ~4x a card: two requests per stream keep its levels near half a minute.
 A4_REQUESTS=${A4_REQUESTS:-32,32,64,128}
-export HYOCR_BENCH_REQUESTS="a4=$A4_REQUESTS"
+export HYOCR_BENCH_REQUESTS="a4=$A4_REQUESTS ${HYOCR_BENCH_REQUESTS:-}"  # the caller's counts win
 export PYTHONPATH="$PWD/src:${PYTHONPATH:-}"
 pyspy=$(command -v py-spy || true)
 if [ -z "$pyspy" ] && ls .whl/py_spy-*.whl >/dev/null 2>&1; then  # carried as a wheel: unpack it
@@ -35,6 +35,7 @@ case "$step" in
     for v in ${VARIANTS:-stream1 kv850 processes}; do targets+=("hyocr-vllm+$v"); done
     HYOCR_BENCH_WORKLOAD=card python3 benchmarks/engines_gpu.py "$out" "${targets[@]}" ;;
   raw)
+    python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import engines_gpu; engines_gpu.build_checkpoint()"
     timeout -k 5 540 python3 benchmarks/raw_vllm.py /tmp/hunyuanocr-1.0-random "$out/{workload}-raw-vllm.json" \
       --workload ${WORKLOADS:-card,page,a4} --requests "a4=$A4_REQUESTS" > "$out/raw.log" 2>&1
     pkill -9 -f EngineCore ;;
