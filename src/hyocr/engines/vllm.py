@@ -178,10 +178,12 @@ class VllmEngine(Engine):
         if self.engine_args.get("worker_extension_cls") != VISION_EXTENSION:
             return  # the user brought their own extension
         try:
-            (report,) = await self.engine.collective_rpc("hyocr_vision_self_test")
+            reports = await self.engine.collective_rpc("hyocr_vision_self_test")
         except Exception as exc:  # an installed vLLM without worker extensions: its own encoder runs
             log.warning("vision encoder: no report from the engine process (%s); vLLM's encoder runs", exc)
             return
+        # One report per worker (tensor parallelism: several); a worker that fell back is the one to show.
+        report = next((r for r in reports if r["mode"] != self.vision_encoder), reports[0])
         self.info.details["vision_encoder"] = report["status"]
         level = logging.WARNING if self.vision_encoder != report["mode"] else logging.INFO
         log.log(level, "vision encoder: %s", report["status"])
