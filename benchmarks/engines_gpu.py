@@ -45,6 +45,8 @@ VARIANTS = {
     "hf-pixels": "--no-fast-pixels",  # transformers' image processor (hyocr's default: its fast path)
     "session1": "--vision-encoder vllm --no-fast-pixels --stream-interval 1",  # hyocr's 2026-11-30 defaults
     "noasync": '--vllm-args {"async_scheduling":false}',
+    "kvfraction": "--expected-tokens 0",  # vLLM's KV sizing (92% of the GPU), all else hyocr's
+    "gil1ms": "--gil-switch-interval 0.001",
 }
 MAX_TOKENS = os.environ.get("HYOCR_BENCH_MAX_TOKENS", "150")
 PYSPY = os.environ.get("HYOCR_BENCH_PYSPY")  # path of a py-spy binary: profile each server

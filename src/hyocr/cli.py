@@ -164,6 +164,8 @@ def serve(settings: Settings) -> int:
 
     from .api.app import build_app
 
+    if settings.gil_switch_interval:
+        sys.setswitchinterval(settings.gil_switch_interval)
     app = build_app(settings)
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the
     # process's previous handler. A no-op handler there makes a drained stop exit 0, as

@@ -28,6 +28,9 @@ class Settings(BaseSettings):
                                       "http://collector:4318/v1/traces")
     drain_timeout: float = Field(30.0, ge=0, le=3600, description="seconds to finish in-flight work on SIGTERM")
     ui: bool = Field(True, description="serve the web UI at /ui")
+    gil_switch_interval: float | None = Field(
+        None, gt=0, le=1, description="seconds a thread may hold the GIL while another waits (Python's default: "
+        "0.005); shorter lets the event loop in sooner beside busy image-processing threads")
 
     # --- engine ---
     engine: str = Field("rapidocr", description="rapidocr | openai | fake")

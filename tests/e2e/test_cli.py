@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import requests
 from imaging import card, chinese_card, squash
 
@@ -131,3 +132,24 @@ def test_sigterm_under_load_finishes_in_flight_requests_then_exits_0():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_serve_sets_the_gil_switch_interval_before_serving(monkeypatch):
+    import signal as signals
+
+    import uvicorn
+
+    from hyocr import cli
+    from hyocr.config import load_settings
+
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(interval=sys.getswitchinterval()))
+    before = sys.getswitchinterval()
+    handlers = {s: signals.getsignal(s) for s in (signals.SIGTERM, signals.SIGINT)}
+    try:
+        assert cli.serve(load_settings(engine="fake", ui=False, gil_switch_interval=0.001)) == 0
+    finally:
+        sys.setswitchinterval(before)
+        for s, handler in handlers.items():
+            signals.signal(s, handler)
+    assert seen["interval"] == pytest.approx(0.001)
