@@ -105,14 +105,14 @@ def safe(target: str) -> str:
 
 
 @contextlib.contextmanager
-def gpu_trace(path: Path):
-    """GPU utilisation and memory every 250 ms while the block runs (is the GPU the limit?)."""
+def gpu_trace(path: Path, interval_ms: int = 250):
+    """GPU utilisation and memory every ``interval_ms`` while the block runs (is the GPU the limit?)."""
     if not shutil.which("nvidia-smi"):
         yield
         return
     with open(path, "w") as f:
         smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,utilization.gpu,memory.used",
-                                "--format=csv,noheader,nounits", "-lms", "250"], stdout=f)
+                                "--format=csv,noheader,nounits", "-lms", str(interval_ms)], stdout=f)
         try:
             yield
         finally:
@@ -145,14 +145,19 @@ def run_target(target: str, out: Path) -> None:
                 done = subprocess.run(bench, check=False, env=env, stderr=subprocess.DEVNULL)
             print(f"{target} {workload}: bench exit {done.returncode}", flush=True)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:  # it had already exited (its log says why)
-            pass
+        stop_server(proc)
         log.close()
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (its engine processes too), SIGKILL after 60 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # it had already exited (its log says why)
+        pass
 
 
 def main() -> int:

@@ -22,8 +22,6 @@ import json
 import os
 import re
 import resource
-import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -33,7 +31,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engines_gpu import ROOT, build_checkpoint, safe, server_command, wait_ready  # noqa: E402
+from engines_gpu import ROOT, build_checkpoint, gpu_trace, safe, server_command, stop_server, wait_ready  # noqa: E402
 
 REQUESTS = int(os.environ.get("HYOCR_DIAG_REQUESTS", "384"))
 CONCURRENCY = os.environ.get("HYOCR_DIAG_CONCURRENCY", "64")
@@ -188,11 +186,6 @@ def run_target(target: str, out: Path) -> dict:
         encoder_before = json.loads(timing_file.read_text()) if timing_file.exists() else {}
         sampler = Sampler(url)
         sampler.start()
-        smi = None
-        if shutil.which("nvidia-smi"):
-            smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,utilization.gpu,memory.used",
-                                    "--format=csv,noheader,nounits", "-lms", "100"],
-                                   stdout=open(out / f"{name}.diag-gpu.csv", "w"))
         spy = None
         if PYSPY:
             spy = subprocess.Popen([PYSPY, "record", "--pid", str(proc.pid), "--subprocesses", "--nonblocking",
@@ -201,13 +194,12 @@ def run_target(target: str, out: Path) -> dict:
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
-        subprocess.run([*bench, "--requests", str(REQUESTS), "--output", str(out / f"diag-card-{name}.json")],
-                       env=env, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with gpu_trace(out / f"{name}.diag-gpu.csv", interval_ms=100):
+            subprocess.run([*bench, "--requests", str(REQUESTS), "--output", str(out / f"diag-card-{name}.json")],
+                           env=env, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wall = time.monotonic() - started
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         sampler.stop.set()
-        if smi is not None:
-            smi.terminate()
         time.sleep(1.2)  # the engine process writes its encoder timing once a second
         encoder_after = json.loads(timing_file.read_text()) if timing_file.exists() else {}
         result["cpu_per_s"] = {role: round((cpu_seconds(pid) - before[role]) / wall, 2)
@@ -241,14 +233,7 @@ def run_target(target: str, out: Path) -> dict:
             spy.wait(timeout=60)
             result["pyspy"] = pyspy_summary(out / f"{name}.diag-pyspy.txt", pids)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_server(proc)
         log.close()
     (out / f"diag-{name}.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     return result

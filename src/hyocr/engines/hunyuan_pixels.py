@@ -91,13 +91,12 @@ def fast_preprocess(self: Any, images: list, do_resize: bool, size: Any, resampl
         return original(self, images, do_resize, size, resample, do_rescale, rescale_factor, do_normalize,
                         image_mean, image_std, patch_size, temporal_patch_size, merge_size, return_tensors, **kwargs)
     from transformers.image_processing_utils import BatchFeature
+    from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import smart_resize
 
     all_patches, grids = [], []
     factor = patch_size * merge_size
     for image in images:
         if do_resize:
-            from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import smart_resize
-
             target = smart_resize(image.shape[1], image.shape[2], factor=factor,
                                   min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
             if target != tuple(image.shape[1:]):  # hyocr's engines hand over images already this size

@@ -153,8 +153,7 @@ class VllmEngine(Engine):
 
         if not self.fast_pixels:
             hunyuan_pixels.uninstall()
-            return False
-        on = hunyuan_pixels.install()
+        on = self.fast_pixels and hunyuan_pixels.install()
         self.info.details["pixels"] = "hyocr fast path" if on else "transformers"
         return on
 
@@ -185,8 +184,8 @@ class VllmEngine(Engine):
         # One report per worker (tensor parallelism: several); a worker that fell back is the one to show.
         report = next((r for r in reports if r["mode"] != self.vision_encoder), reports[0])
         self.info.details["vision_encoder"] = report["status"]
-        level = logging.WARNING if self.vision_encoder != report["mode"] else logging.INFO
-        log.log(level, "vision encoder: %s", report["status"])
+        fell_back = report.get("native", True) and report["mode"] != self.vision_encoder
+        log.log(logging.WARNING if fell_back else logging.INFO, "vision encoder: %s", report["status"])
 
     async def stop(self) -> None:
         if self.process_renderer is not None:

@@ -26,14 +26,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import os
 import time
 from typing import Any
 
 from .vllm_tuning import VISION_ENCODER_ENV as ENV_MODE
-
-log = logging.getLogger(__name__)
 
 ENV_TIMING = "HYOCR_ENCODER_TIMING_FILE"
 MODES = ("batched", "vllm")
@@ -181,7 +178,8 @@ class VisionWorkerExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); its methods run in the engine process."""
 
     def hyocr_vision_status(self) -> dict:
-        return {"mode": _state["mode"], "status": _state["status"]}
+        """The forward in use; ``native`` is False where vLLM has no native encoder to replace (0.32+)."""
+        return {"mode": _state["mode"], "status": _state["status"], "native": _native_class() is not None}
 
     def hyocr_vision_self_test(self) -> dict:
         """Compare the batched forward with vLLM's on a card, a page and an odd size together; vLLM's
@@ -202,10 +200,5 @@ class VisionWorkerExtension:
         else:
             _state["status"] = f"batched encoder active (self test: max relative difference {error:.1e})"
         return {**self.hyocr_vision_status(), "error": error}
-
-    def hyocr_encoder_timing(self) -> dict:
-        _flush_timing()
-        return dict(_timing)
-
 
 install()  # on import, in the engine process (vLLM imports the extension before building the model)
