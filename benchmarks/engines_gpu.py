@@ -47,6 +47,8 @@ VARIANTS = {
     "noasync": '--vllm-args {"async_scheduling":false}',
     "kvfraction": "--expected-tokens 0",  # vLLM's KV sizing (92% of the GPU), all else hyocr's
     "gil1ms": "--gil-switch-interval 0.001",
+    "api2": "--api-processes 2",  # HTTP server processes sharing one engine core
+    "api4": "--api-processes 4",
 }
 MAX_TOKENS = os.environ.get("HYOCR_BENCH_MAX_TOKENS", "150")
 PYSPY = os.environ.get("HYOCR_BENCH_PYSPY")  # path of a py-spy binary: profile each server

@@ -166,25 +166,31 @@ def serve(settings: Settings) -> int:
 
     if settings.gil_switch_interval:
         sys.setswitchinterval(settings.gil_switch_interval)
+    if settings.api_processes > 1:  # several front ends sharing one vLLM engine core
+        from .engines.vllm_frontends import serve as serve_frontends
+
+        return serve_frontends(settings)
     app = build_app(settings)
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the
     # process's previous handler. A no-op handler there makes a drained stop exit 0, as
     # supervisors (systemd, Kubernetes) expect of a clean shutdown.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        log_config=None,  # keep the handlers set up above (JSON lines)
-        access_log=False,  # hyocr writes its own access line (observability/logs.py)
-        timeout_graceful_shutdown=settings.drain_timeout,
+    uvicorn.run(app, host=settings.host, port=settings.port, **uvicorn_options(settings))
+    return 0
+
+
+def uvicorn_options(settings: Settings) -> dict:
+    """How hyocr runs uvicorn, in one process or in each of several (engines/vllm_frontends.py)."""
+    return {
+        "log_level": settings.log_level,
+        "log_config": None,  # keep the handlers set up above (JSON lines)
+        "access_log": False,  # hyocr writes its own access line (observability/logs.py)
+        "timeout_graceful_shutdown": settings.drain_timeout,
         # hyocr believes X-Forwarded-For only from HYOCR_TRUSTED_PROXIES (api/security.py); uvicorn's
         # own proxy handling would rewrite the client address before hyocr could judge it.
-        proxy_headers=False,
-    )
-    return 0
+        "proxy_headers": False,
+    }
 
 
 def run_remote_ocr(args: argparse.Namespace) -> int:

@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     gil_switch_interval: float | None = Field(
         None, gt=0, le=1, description="seconds a thread may hold the GIL while another waits (Python's default: "
         "0.005); shorter lets the event loop in sooner beside busy image-processing threads")
+    api_processes: int = Field(
+        1, ge=1, le=64, description="vLLM: HTTP server processes sharing one engine (each with its own event loop, "
+        "image processing and output handling); admission limits are split between them")
 
     # --- engine ---
     engine: str = Field("rapidocr", description="rapidocr | openai | fake")
@@ -186,6 +189,18 @@ class Settings(BaseSettings):
     def _pixel_bounds(self) -> Settings:
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"min_pixels ({self.min_pixels}) must be <= max_pixels ({self.max_pixels})")
+        return self
+
+    @model_validator(mode="after")
+    def _api_processes_need_vllm(self) -> Settings:
+        if self.api_processes == 1:
+            return self
+        if self.engine != "vllm":
+            raise ValueError(f"api_processes > 1 needs the vllm engine (engine is {self.engine!r}): the other "
+                             "engines live inside their server process")
+        if self.rate_limit and self.rate_limit_storage.startswith("memory"):
+            raise ValueError("rate limits across several API processes need a shared store: set "
+                             "rate_limit_storage to redis://HOST:6379 (memory:// would count per process)")
         return self
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ answers /health while a large model loads) and stopped at shutdown.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -35,7 +36,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     service = OcrService.from_settings(engine, settings)
     supervisor = EngineSupervisor(engine, service, stall_timeout=settings.stall_timeout)
     metrics = Metrics(service)
-    metrics.restarts.set_function(lambda: supervisor.restarts)
+    metrics.track(metrics.restarts, lambda: supervisor.restarts)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -51,17 +52,20 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             engine.info.details or "",
         )
         supervisor.start()
+        refresher = asyncio.get_running_loop().create_task(metrics.refresh_forever()) if metrics.shared else None
         if settings.metrics_port:
             from prometheus_client import start_http_server
 
             metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host,
-                                                  registry=metrics.registry)
+                                                  registry=metrics.scrape_registry())
             log.info("metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
         try:
             yield
         finally:
             if settings.metrics_port:
                 metrics_server.shutdown()
+            if refresher is not None:
+                refresher.cancel()
             app.state.engine_started = False
             await supervisor.stop()
             await engine.stop()

@@ -88,6 +88,9 @@ class VllmEngine(Engine):
         self.tokenizer: Any = None
         self.backend = "native"
         self._started = False
+        self._prepared = False
+        # Set in each of several API processes (engines/vllm_frontends.py): the engine core they share.
+        self.shared_core: Any = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VllmEngine:
@@ -110,6 +113,30 @@ class VllmEngine(Engine):
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def restartable(self) -> bool:
+        """False in one of several API processes: the engine core belongs to the parent, which stops the
+        whole server when it fails (the supervisor then exits this process instead of restarting)."""
+        return self.shared_core is None
+
+    def prepare_args(self) -> dict[str, Any]:
+        """The final AsyncEngineArgs: the checkpoint folder resolved, the KV cache sized from the workload,
+        hyocr's worker extension named. Blocking (it may download); idempotent. ``hyocr serve`` with
+        several API processes calls it once in the parent, which starts the engine core from it."""
+        if not self._prepared:
+            resolved = resolve_checkpoint(self.engine_args["model"], self.engine_args.get("revision"),
+                                          self.subfolder)
+            if resolved != self.engine_args["model"]:  # a local folder now: the revision was applied
+                self.engine_args.update(model=resolved, tokenizer=resolved)
+                self.engine_args.pop("revision", None)
+            self.engine_args = size_engine(self.engine_args, expected_tokens=self.expected_tokens)
+            # hyocr's worker extension (engines/vllm_vision.py) is imported in the engine process before
+            # the model is built; it reads the encoder choice from the environment that process inherits.
+            self.engine_args.setdefault("worker_extension_cls", VISION_EXTENSION)
+            self._prepared = True
+        os.environ[VISION_ENCODER_ENV] = self.vision_encoder
+        return supported_args(self.engine_args)
+
     async def start(self) -> None:
         from vllm import AsyncEngineArgs, __version__
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -117,21 +144,14 @@ class VllmEngine(Engine):
         started = time.perf_counter()
         apply_version_workarounds(__version__)
         self.backend = hunyuan_backend()
-        resolved = await asyncio.to_thread(
-            resolve_checkpoint, self.engine_args["model"], self.engine_args.get("revision"), self.subfolder
-        )
-        if resolved != self.engine_args["model"]:  # a local folder now: the revision was applied
-            self.engine_args.update(model=resolved, tokenizer=resolved)
-            self.engine_args.pop("revision", None)
-        self.engine_args = size_engine(self.engine_args, expected_tokens=self.expected_tokens)
-        # hyocr's worker extension (engines/vllm_vision.py) is imported in the engine process before the
-        # model is built; it reads the encoder choice from the environment that process inherits.
-        self.engine_args.setdefault("worker_extension_cls", VISION_EXTENSION)
-        os.environ[VISION_ENCODER_ENV] = self.vision_encoder
-        args = AsyncEngineArgs(**supported_args(self.engine_args))
+        kwargs = await asyncio.to_thread(self.prepare_args)
         # Building the engine blocks for tens of seconds (processes, weights, compilation): off the event
         # loop, so a restart by the supervisor leaves /health, /ready and shedding responsive.
-        self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        if self.shared_core is not None:  # one of several API processes: connect to the parent's engine
+            self.engine = await asyncio.to_thread(self.shared_core.connect, kwargs)
+            self.info.details["api_process"] = f"{self.shared_core.index + 1} of {self.shared_core.count}"
+        else:
+            self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args, AsyncEngineArgs(**kwargs))
         self.tokenizer = self.engine.get_tokenizer()
         pixels = self.pixel_path()
         if self.preprocess_processes:

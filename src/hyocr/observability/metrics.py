@@ -3,11 +3,19 @@
 The access-log middleware is the one place a finished request is counted, from what the service
 recorded for it (observability/logs.py ``record``), so the log line and the counters never disagree.
 GPU gauges come from NVML (nvidia-ml-py) when a GPU exists, and are absent, not faked, otherwise.
+
+With several API processes (``API_PROCESSES``, engines/vllm_frontends.py) prometheus_client runs in
+its multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by vLLM's launcher before the processes
+start): every process writes its values to files there and a scrape of any one of them reports the
+sums over all. Gauges computed at scrape time (``set_function``) cannot work across processes, so
+there each process sets them once a second (``refresh``) and the scrape sums the live ones.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -43,15 +51,54 @@ class Metrics:
         self.prompt_tokens = Counter("hyocr_prompt_tokens", "Prompt tokens (images included)", registry=r)
         self.output_tokens = Counter("hyocr_output_tokens", "Generated tokens", registry=r)
         self.repetition_stops = Counter("hyocr_repetition_stops", "Outputs cut by the loop guard", registry=r)
-        self.queue = Gauge("hyocr_queue_length", "Requests waiting for admission", registry=r)
-        self.in_flight = Gauge("hyocr_requests_in_flight", "Requests admitted to the engine", registry=r)
-        self.restarts = Gauge("hyocr_engine_restarts", "Engine restarts by the supervisor", registry=r)
+        self.queue = Gauge("hyocr_queue_length", "Requests waiting for admission", registry=r,
+                           multiprocess_mode="livesum")
+        self.in_flight = Gauge("hyocr_requests_in_flight", "Requests admitted to the engine", registry=r,
+                               multiprocess_mode="livesum")
+        self.restarts = Gauge("hyocr_engine_restarts", "Engine restarts by the supervisor", registry=r,
+                              multiprocess_mode="max")
+        self._sources: dict[Gauge, object] = {}
         if service is not None:
-            self.queue.set_function(lambda: service.admission.waiting)
-            self.in_flight.set_function(lambda: service.admission.in_flight)
-        gpu = GpuCollector.create()
-        if gpu is not None:
-            r.register(gpu)
+            self.track(self.queue, lambda: service.admission.waiting)
+            self.track(self.in_flight, lambda: service.admission.in_flight)
+        self.gpu = GpuCollector.create()
+        if self.gpu is not None and not self.shared:
+            r.register(self.gpu)
+
+    @property
+    def shared(self) -> bool:
+        """True in prometheus_client's multiprocess mode (several API processes)."""
+        return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+    def track(self, gauge: Gauge, source) -> None:
+        """``gauge`` reports ``source()``: read at scrape time, or once a second when shared."""
+        if self.shared:
+            self._sources[gauge] = source
+        else:
+            gauge.set_function(source)
+
+    def refresh(self) -> None:
+        for gauge, source in self._sources.items():
+            gauge.set(source())
+
+    async def refresh_forever(self, interval: float = 1.0) -> None:
+        while True:
+            self.refresh()
+            await asyncio.sleep(interval)
+
+    def scrape_registry(self) -> CollectorRegistry:
+        """What a scrape reports: this app's registry, or the sums over every process when shared
+        (vLLM's own vllm:* families included, as they live in the same files)."""
+        if not self.shared:
+            return self.registry
+        from prometheus_client import multiprocess
+
+        self.refresh()
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        if self.gpu is not None:
+            registry.register(self.gpu)
+        return registry
 
     def observe(self, route: str, status: int, seconds: float, stats: dict) -> None:
         """One finished request: everything it counts, from the figures the service recorded."""

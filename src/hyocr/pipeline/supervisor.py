@@ -6,12 +6,17 @@ vLLM's own dead-engine flag, the transformers worker thread, the upstream's /mod
 progress: requests in flight but no token from the engine for ``stall_timeout`` seconds means a
 stalled engine. Either way, readiness goes false, the engine is stopped (in-flight requests fail at
 once with a JSON error instead of hanging) and started again, with backoff if that fails.
+
+An engine this process cannot restart (``restartable`` False: one of several API processes sharing a
+vLLM engine core that the parent owns) makes the process exit non-zero instead; the parent then stops
+the whole server, so that the orchestrator starts it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from ..engines.base import Engine
@@ -52,6 +57,10 @@ class EngineSupervisor:
         except Exception:  # a probe that raises or hangs is a failed probe
             return False
 
+    @staticmethod
+    def exit(code: int) -> None:
+        os._exit(code)  # at once: the shared engine is gone, there is nothing left to drain
+
     def stalled(self) -> bool:
         if not self.stall_timeout or self.service.admission.in_flight == 0:
             return False
@@ -79,6 +88,12 @@ class EngineSupervisor:
         """Stop (failing in-flight requests) and start the engine again. True when it came back."""
         self.restarting = True
         self.last_failure = reason
+        if not getattr(self.engine, "restartable", True):
+            log.critical("engine %s unhealthy (%s) and owned by the parent process: exiting", self.engine.info.name,
+                         reason)
+            logging.shutdown()
+            self.exit(3)
+            return False
         log.error("engine %s unhealthy (%s): restarting", self.engine.info.name, reason)
         try:
             try:

@@ -31,8 +31,9 @@ async def ready(request: Request) -> JSONResponse:
 async def metrics(request: Request) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-    body = generate_latest(request.app.state.metrics.registry)
-    if service_of(request).engine.info.name == "vllm":
+    metrics = request.app.state.metrics
+    body = generate_latest(metrics.scrape_registry())
+    if service_of(request).engine.info.name == "vllm" and not metrics.shared:
         # vLLM's own statistics (KV-cache usage, running and waiting sequences) live in the global
         # registry of this process: expose its vllm:* families beside hyocr's.
         body += b"".join(line + b"\n" for line in generate_latest(REGISTRY).splitlines()
