@@ -4,9 +4,10 @@ At concurrency 64 on an H200 one hyocr process is the bound, not the GPU (benchm
 session 3): HTTP and JSON, image decoding, the image processor's Python glue, vLLM's output handling
 for every stream and the SSE all run under one GIL, while the engine core and the GPU wait. vLLM's
 own answer is ``vllm serve --api-server-count N``: one engine core process, N front-end processes,
-each an ``AsyncLLM`` client of the core over ZMQ. hyocr reuses that machinery rather than copy it
-(``run_multi_api_server``: the engine core, the listening socket shared by every process, process
-monitoring, shutdown in order), and gives vLLM hyocr's server as the function each front end runs.
+each an ``AsyncLLM`` client of the core over ZMQ. hyocr drives the same machinery (vLLM's v1 launcher
+and process manager: the engine core, the ZMQ endpoints, process monitoring, shutdown in order) as
+``run_multi_api_server`` does, with hyocr's server as the function each front end runs. It does not
+import vLLM's OpenAI server (``vllm.entrypoints``), which needs packages hyocr does not.
 
 Each process is a complete hyocr server on the shared socket (auth, limits, pipeline, metrics): the
 kernel hands each new connection to one of them. What has to be shared between them is:
@@ -86,35 +87,103 @@ def process_settings(settings: Settings, index: int, count: int) -> Settings:
 
 def serve(settings: Settings) -> int:
     """The parent: size the engine once, start its core and N hyocr front ends, wait for them."""
-    import vllm.v1.utils as vllm_utils
-    from vllm import __version__
-    from vllm.entrypoints.cli import serve as vllm_serve
+    import argparse
+    import socket
 
+    from vllm import AsyncEngineArgs, __version__
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus
+
+    from ..config import SettingsError
     from .vllm import VllmEngine, apply_version_workarounds
 
+    count = settings.api_processes
     apply_version_workarounds(__version__)
+    setup_multiprocess_prometheus()  # before any front end starts: they inherit the directory
     engine = VllmEngine.from_settings(settings)
     kwargs = engine.prepare_args()  # the same final arguments for the core and every front end
-    args = vllm_serve.make_arg_parser(vllm_serve.FlexibleArgumentParser()).parse_args([])
-    for name, value in kwargs.items():
-        setattr(args, name, value)
-    args.host, args.port, args.api_server_count = settings.host, settings.port, settings.api_processes
     # vLLM waits this long for the front ends to drain after SIGTERM before it kills them.
-    args.shutdown_timeout = math.ceil(settings.drain_timeout) + 5
-    args.hyocr_frontend = (settings, kwargs)
-    # The one hook: vLLM's process manager starts ``run_api_server_worker_proc`` in each spawned process.
-    # A spawned process imports the target by module and name, so the child runs hyocr's function.
-    vllm_utils.run_api_server_worker_proc = run_frontend
-    log.info("starting vLLM's engine core and %d hyocr API processes on %s:%d", settings.api_processes,
-             settings.host, settings.port)
+    if "shutdown_timeout" in _engine_fields():
+        kwargs.setdefault("shutdown_timeout", math.ceil(settings.drain_timeout) + 5)
+    args = AsyncEngineArgs(**kwargs)
+    args._api_process_count, args._api_process_rank = count, -1
+    config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    # Bound before the engine loads: a port in use fails at once, and connections wait in the backlog
+    # until the front ends accept them.
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     try:
-        vllm_serve.run_multi_api_server(args)
-    except SystemExit:  # vLLM's SIGTERM/SIGINT handler: a requested, drained shutdown
-        return 0
-    except RuntimeError as exc:  # a front end or the engine core died: everything has been stopped
-        log.error("server stopped: %s", exc)
+        sock = socket.create_server((settings.host, settings.port), family=family, backlog=4096)
+    except OSError as exc:
+        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
+    listen = f"http://{settings.host}:{settings.port}"
+    frontend_args = argparse.Namespace(hyocr_frontend=(settings, kwargs))
+
+    stopping = False
+
+    def on_signal(*_: object) -> None:  # the first SIGTERM/SIGINT: drain the front ends, then stop
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise SystemExit
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    log.info("starting vLLM's engine core and %d hyocr API processes on %s", count, listen)
+    processes = None
+    try:
+        processes = _launch(config, count, listen, sock, frontend_args, log_stats=not args.disable_log_stats)
+        from vllm.v1.utils import wait_for_completion_or_failure
+
+        wait_for_completion_or_failure(*processes)
+    except SystemExit:
+        pass
+    except RuntimeError as exc:  # a front end or the engine core died: stop everything, report failure
+        log.error("server stopping: %s", exc)
         return 1
+    finally:
+        timeout = getattr(config, "shutdown_timeout", None) if stopping else None
+        for part in processes or ():
+            if part is not None:
+                part.shutdown(timeout=timeout)
+        sock.close()
     return 0
+
+
+def _engine_fields() -> set[str]:
+    from vllm import AsyncEngineArgs
+
+    return {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+
+
+def _launch(config: Any, count: int, listen: str, sock: Any, args: Any, *, log_stats: bool) -> tuple:
+    """vLLM's engine core and ``count`` front ends running ``run_frontend``, as ``run_multi_api_server``
+    starts them: (front-end manager, engine manager, coordinator). The launcher's interface changed
+    between vLLM 0.26 (ZMQ addresses the front ends report back) and 0.3x (listeners bound up front)."""
+    from vllm.v1.engine import utils as engine_utils
+    from vllm.v1.executor import Executor
+    from vllm.v1.utils import APIServerProcessManager
+
+    executor = Executor.get_class(config)
+    common = {"listen_address": listen, "sock": sock, "args": args, "num_servers": count,
+              "target_server_fn": run_frontend}
+    if hasattr(engine_utils, "bind_engine_zmq_listeners"):  # vLLM 0.3x
+        listeners = engine_utils.bind_engine_zmq_listeners(config, count)
+        with engine_utils.launch_core_engines(config, executor, log_stats, listeners.addresses) as launch:
+            stats = launch.coordinator.get_stats_publish_address() if launch.coordinator else None
+            frontends = APIServerProcessManager(
+                **common, input_listeners=listeners.inputs, output_listeners=listeners.outputs,
+                stats_update_address=stats, tensor_queue=launch.tensor_queue)
+            launch.watched_frontend_processes = frontends.processes
+        return frontends, launch.engine_manager, launch.coordinator
+    addresses = engine_utils.get_engine_zmq_addresses(config, count, defer_api_server_ports=True)  # 0.26
+    with engine_utils.launch_core_engines(config, executor, log_stats, addresses, count) as launched:
+        engines, coordinator, addresses, tensor_queue = launched
+        stats = coordinator.get_stats_publish_address() if coordinator else None
+        frontends = APIServerProcessManager(
+            **common, input_addresses=addresses.inputs, output_addresses=addresses.outputs,
+            stats_update_address=stats, tensor_queue=tensor_queue)
+        addresses.inputs, addresses.outputs = frontends.gather_actual_addresses()
+    return frontends, engines, coordinator
 
 
 def run_frontend(listen_address: str, sock: Any, args: Any, client_config: dict[str, Any] | None = None,
