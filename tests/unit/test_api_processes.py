@@ -1,0 +1,104 @@
+"""API_PROCESSES: the settings it needs, each process's share of the limits, metrics summed over
+processes, and a process that cannot restart its shared engine exiting instead.
+
+The real thing (hyocr serve --api-processes 2 on vLLM with a tiny checkpoint) is in
+tests/models/test_api_processes.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hyocr.config import SettingsError, load_settings
+from hyocr.engines.fake import FakeEngine
+from hyocr.engines.vllm_frontends import SharedEngineCore, process_settings
+from hyocr.pipeline.supervisor import EngineSupervisor
+
+
+def test_several_api_processes_need_the_vllm_engine():
+    with pytest.raises(SettingsError, match="api_processes > 1 needs the vllm engine"):
+        load_settings(engine="rapidocr", api_processes=2)
+    assert load_settings(engine="vllm", model="m", api_processes=4).api_processes == 4
+    assert load_settings(engine="rapidocr").api_processes == 1
+
+
+def test_rate_limits_across_processes_need_a_shared_store():
+    with pytest.raises(SettingsError, match="shared store"):
+        load_settings(engine="vllm", model="m", api_processes=2, rate_limit="10/second")
+    shared = load_settings(engine="vllm", model="m", api_processes=2, rate_limit="10/second",
+                           rate_limit_storage="redis://127.0.0.1:6379")
+    assert shared.rate_limit == "10/second"
+
+
+def test_each_process_gets_its_share_of_the_limits():
+    settings = load_settings(engine="vllm", model="m", api_processes=3, max_concurrency=64, max_queue=256,
+                             metrics_port=9400)
+    shares = [process_settings(settings, i, 3) for i in range(3)]
+    assert [s.max_concurrency for s in shares] == [22, 22, 22]  # ceil: never below the total
+    assert [s.max_queue for s in shares] == [86, 86, 86]
+    assert [s.metrics_port for s in shares] == [9400, None, None]  # one server for the separate port
+    assert settings.max_concurrency == 64  # the original is untouched
+
+
+def test_a_shared_engine_core_is_connected_to_once():
+    core = SharedEngineCore({"client_index": 1, "client_count": 2, "input_address": "tcp://x"})
+    assert (core.index, core.count) == (1, 2)
+    core.connected = True  # as after the first start
+    with pytest.raises(Exception, match="restarts as a whole"):
+        core.connect({"model": "m"})
+
+
+class _SharedFake(FakeEngine):
+    restartable = False
+
+
+def test_an_engine_owned_by_the_parent_makes_the_process_exit_not_restart():
+    engine = _SharedFake()
+    supervisor = EngineSupervisor(engine, service=None)
+    exits: list[int] = []
+    supervisor.exit = exits.append  # os._exit in production
+    assert asyncio.run(supervisor.restart("the readiness probe failed")) is False
+    assert exits == [3] and engine.starts == 0 and supervisor.last_failure == "the readiness probe failed"
+
+
+_PROCESS = textwrap.dedent("""
+    import sys
+    from hyocr.observability.metrics import Metrics
+
+    class Admission:
+        waiting, in_flight = 1, int(sys.argv[1])
+
+    class Service:
+        admission = Admission()
+
+    metrics = Metrics(Service())
+    metrics.observe("/v1/ocr", 200, 0.3, {"images": 2, "output_tokens": 10})
+    metrics.refresh()
+    if sys.argv[2] == "scrape":
+        from prometheus_client import generate_latest
+        sys.stdout.write(generate_latest(metrics.scrape_registry()).decode())
+""")
+
+
+def test_metrics_are_summed_over_processes(tmp_path):
+    """Two processes record in prometheus_client's multiprocess mode; a scrape of a third reports the sums."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for in_flight in ("3", "4"):
+        subprocess.run([sys.executable, "-c", _PROCESS, in_flight, "record"], env=env, check=True)
+    body = subprocess.run([sys.executable, "-c", _PROCESS, "5", "scrape"], env=env, check=True,
+                          capture_output=True, text=True).stdout
+    lines = {line.split(" ")[0]: float(line.split(" ")[1]) for line in body.splitlines()
+             if line and not line.startswith("#")}
+    assert lines['hyocr_requests_total{route="/v1/ocr",status="200"}'] == 3
+    assert lines["hyocr_pages_total"] == 6
+    assert lines["hyocr_output_tokens_total"] == 30
+    assert lines['hyocr_request_duration_seconds_count{route="/v1/ocr"}'] == 3
+    # livesum: the gauges of processes that are gone still count until vLLM's launcher removes them
+    # with its directory; here all three wrote one value each.
+    assert lines["hyocr_requests_in_flight"] == 12 and lines["hyocr_queue_length"] == 3
