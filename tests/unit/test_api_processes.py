@@ -2,7 +2,7 @@
 processes, and a process that cannot restart its shared engine exiting instead.
 
 The real thing (hyocr serve --api-processes 2 on vLLM with a tiny checkpoint) is in
-tests/models/test_api_processes.py.
+tests/models/test_shared_engine_core.py.
 """
 
 from __future__ import annotations
