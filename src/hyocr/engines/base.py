@@ -31,6 +31,9 @@ class Engine(abc.ABC):
     """Base class for engines. Subclasses set ``info`` and implement ``generate``."""
 
     info: EngineInfo
+    # False where the engine's process cannot start it again (one of several API processes sharing a
+    # vLLM engine core that the parent owns): the supervisor then exits the process instead.
+    restartable: bool = True
 
     async def start(self) -> None:
         """Load models / connect. Called once before serving."""

@@ -113,6 +113,12 @@ class VllmEngine(Engine):
 
     # ------------------------------------------------------------------ lifecycle
 
+    def share_core(self, core: Any, engine_kwargs: dict[str, Any]) -> None:
+        """Serve as one of several API processes: connect to ``core`` (engines/vllm_frontends.py) with
+        the arguments the parent prepared and started it from."""
+        self.shared_core = core
+        self.engine_args, self._prepared = dict(engine_kwargs), True
+
     @property
     def restartable(self) -> bool:
         """False in one of several API processes: the engine core belongs to the parent, which stops the

@@ -67,7 +67,6 @@ class SharedEngineCore:
 
     def connect(self, engine_kwargs: dict[str, Any]) -> Any:
         """An ``AsyncLLM`` client of the shared core (blocking: it waits for the core's handshake)."""
-        from vllm import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -75,14 +74,11 @@ class SharedEngineCore:
             raise ServiceUnavailable("the shared vLLM engine core failed; the server restarts as a whole",
                                      code="engine_dead")
         self.connected = True
-        args = AsyncEngineArgs(**engine_kwargs)
-        args._api_process_count = self.count
-        args._api_process_rank = self.index
-        config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        config = engine_config(engine_kwargs, self.count, self.index)
         addresses = {k: v for k, v in self.client_config.items() if k not in ("client_index", "client_count")}
         engine = AsyncLLM.from_vllm_config(
             vllm_config=config, usage_context=UsageContext.OPENAI_API_SERVER,
-            disable_log_stats=args.disable_log_stats, client_addresses=addresses,
+            disable_log_stats=bool(engine_kwargs.get("disable_log_stats")), client_addresses=addresses,
             client_count=self.count, client_index=self.index,
         )
         self.watch(engine)
@@ -141,8 +137,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # it exists, under another user
+        pass
     return True
 
 
@@ -215,18 +211,15 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
     import argparse
     import multiprocessing
 
-    from vllm import AsyncEngineArgs
-    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.utils import wait_for_completion_or_failure
 
-    args = AsyncEngineArgs(**kwargs)
-    args._api_process_count, args._api_process_rank = count, -1
-    config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    config = engine_config(kwargs, count, -1)  # rank -1: the launcher's view of all the processes
     ready = multiprocessing.get_context("spawn").Value("i", 0)  # front ends whose engine answered
     frontend_args = argparse.Namespace(hyocr_frontend=(settings, kwargs), hyocr_ready=ready)
     processes = None
     try:
-        processes = _launch(config, count, listen, sock, frontend_args, log_stats=not args.disable_log_stats)
+        processes = _launch(config, count, listen, sock, frontend_args,
+                            log_stats=not kwargs.get("disable_log_stats"))
         wait_for_completion_or_failure(*processes)
         return "stopped"
     except SystemExit:
@@ -239,6 +232,16 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
         for part in processes or ():
             if part is not None:
                 part.shutdown(timeout=timeout)
+
+
+def engine_config(kwargs: dict[str, Any], count: int, rank: int) -> Any:
+    """vLLM's config for ``count`` API processes, as seen from process ``rank`` (-1: the parent)."""
+    from vllm import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    args = AsyncEngineArgs(**kwargs)
+    args._api_process_count, args._api_process_rank = count, rank
+    return args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
 
 
 def _engine_fields() -> set[str]:
@@ -305,8 +308,7 @@ def run_frontend(listen_address: str, sock: Any, args: Any, client_config: dict[
                             ready_count=getattr(args, "hyocr_ready", None))
     settings = process_settings(settings, core.index, core.count)
     engine = VllmEngine.from_settings(settings)
-    engine.engine_args, engine._prepared = dict(kwargs), True
-    engine.shared_core = core
+    engine.share_core(core, kwargs)
     app = build_app(settings, engine)
     # uvicorn drains on SIGTERM, then re-raises it; a no-op handler there makes a drained stop exit 0,
     # which vLLM's monitor reads as a clean stop (non-zero would read as a crash).

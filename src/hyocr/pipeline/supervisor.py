@@ -59,7 +59,7 @@ class EngineSupervisor:
 
     @staticmethod
     def exit(code: int) -> None:
-        os._exit(code)  # at once: the shared engine is gone, there is nothing left to drain
+        os._exit(code)  # no normal exit: a client of a dead engine core can block it
 
     def stalled(self) -> bool:
         if not self.stall_timeout or self.service.admission.in_flight == 0:
@@ -88,7 +88,7 @@ class EngineSupervisor:
         """Stop (failing in-flight requests) and start the engine again. True when it came back."""
         self.restarting = True
         self.last_failure = reason
-        if not getattr(self.engine, "restartable", True):
+        if not self.engine.restartable:
             log.critical("engine %s unhealthy (%s) and owned by the parent process: exiting", self.engine.info.name,
                          reason)
             # The requests it had are failing with JSON errors now; let their answers go out first.
