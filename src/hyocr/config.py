@@ -232,7 +232,10 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            name = ".".join(str(p) for p in err["loc"]) or "settings"
+            name = ".".join(str(p) for p in err["loc"])
+            if not name:  # a rule across several settings (a model validator): no one variable or flag
+                lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+                continue
             env = f"HYOCR_{name.upper()}"
             lines.append(f"  {name} ({env} / --{name.replace('_', '-')}): {err['msg']}")
         raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None
