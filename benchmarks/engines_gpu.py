@@ -40,6 +40,7 @@ VARIANTS = {
     "stream4": "--stream-interval 4",
     "seqs128": "--max-num-seqs 128 --max-concurrency 128",
     "kv850": "--expected-tokens 850",
+    "mem": "--expected-tokens 850 --max-num-batched-tokens 4096",  # toward the 10 GB target
     "processes": "--preprocess processes",
     "vllm-vit": "--vision-encoder vllm",  # vLLM's image-by-image encoder (hyocr's default: batched)
     "hf-pixels": "--no-fast-pixels",  # transformers' image processor (hyocr's default: its fast path)

@@ -11,7 +11,10 @@ REQUESTS cards at concurrency 64 during which it samples
 - GPU utilisation (nvidia-smi every 100 ms);
 - the vision encoder's passes, images per pass, wall and GPU milliseconds per image (the engine
   process writes them: HYOCR_ENCODER_TIMING_FILE, engines/vllm_vision.py);
-- with HYOCR_BENCH_PYSPY, a py-spy profile of both server processes (their busiest functions).
+- the means of hyocr's and vLLM's latency histograms over the level (/metrics): where a request's time
+  goes between the server, its stages and vLLM's queue, prefill and decode;
+- with HYOCR_BENCH_PYSPY, a py-spy profile of the server processes (their busiest functions).
+With API_PROCESSES > 1 ("+api4"), "api" is the first API process, "api_all" the CPU of all of them.
 Writes OUT_DIR/diag-TARGET.json (+ the bench JSON, the server log, the raw profile) and prints a table.
 """
 
@@ -84,6 +87,49 @@ def engine_pid(server: int) -> int | None:
     return best
 
 
+def frontends(server: int, engine: int | None) -> list[int]:
+    """The API processes: the server itself, or with API_PROCESSES > 1 its children other than the engine
+    core (and multiprocessing's resource tracker)."""
+    kids = []
+    for kid in children(server):
+        try:
+            cmd = Path(f"/proc/{kid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if kid != engine and "resource_tracker" not in cmd:
+            kids.append(kid)
+    return kids or [server]
+
+
+_HISTOGRAM = re.compile(r"^((?:vllm:|hyocr_)[a-z0-9_:]+)_(sum|count)(\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
+
+
+def histogram_totals(url: str) -> dict[str, float]:
+    """Every histogram's _sum and _count on /metrics (summed over the series of one name, except
+    hyocr's per-route and per-stage latencies, kept apart), for means over a measured interval."""
+    totals: dict[str, float] = collections.defaultdict(float)
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for name, part, labels, value in _HISTOGRAM.findall(text):
+        keep = re.findall(r'(?:route|stage)="([^"]*)"', labels or "")
+        totals[f"{name}{'[' + keep[0] + ']' if keep else ''}_{part}"] += float(value)
+    return dict(totals)
+
+
+def histogram_means(before: dict, after: dict, wall: float) -> dict:
+    """Mean of each histogram over the interval (its unit: seconds, tokens), and its events per second."""
+    out = {}
+    for key in sorted(after):
+        if not key.endswith("_count"):
+            continue
+        base = key[:-len("_count")]
+        count = after[key] - before.get(key, 0)
+        if count <= 0:
+            continue
+        total = after.get(base + "_sum", 0) - before.get(base + "_sum", 0)
+        out[base] = {"per_s": round(count / wall, 2), "mean": round(total / count, 4)}
+    return out
+
+
 class Sampler(threading.Thread):
     """Polls /metrics for vLLM's running/waiting and hyocr's in-flight requests."""
 
@@ -120,9 +166,9 @@ def gpu_utilisation(path: Path) -> float | None:
     return round(sum(values) / len(values), 1) if values else None
 
 
-def pyspy_summary(path: Path, pids: dict[str, int | None], top: int = 22) -> dict:
+def pyspy_summary(path: Path, pids: dict[str, int | None], top: int = 22, merge_api: bool = False) -> dict:
     """Busiest functions per server process from a raw (collapsed) py-spy profile: inclusive samples
-    of each frame, and the share of samples per thread."""
+    of each frame, and the share of samples per thread (merge_api: every "api PID" role counted as one)."""
     out: dict = {}
     if not path.exists():
         return out
@@ -130,7 +176,7 @@ def pyspy_summary(path: Path, pids: dict[str, int | None], top: int = 22) -> dic
     leaves: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     threads: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     totals: collections.Counter = collections.Counter()
-    names = {str(pid): role for role, pid in pids.items() if pid}
+    names = {str(pid): "api" if merge_api and role.startswith("api ") else role for role, pid in pids.items() if pid}
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         if not count.isdigit():
@@ -179,10 +225,16 @@ def run_target(target: str, out: Path) -> dict:
         subprocess.run([*bench, "--requests", CONCURRENCY], env=env, check=False, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         engine = engine_pid(proc.pid)
-        pids = {"api": proc.pid, "engine": engine}
+        apis = frontends(proc.pid, engine)
+        # with several API processes: the first one's threads, all of their CPU (api_all), the parent's
+        pids = {"api": apis[0], "engine": engine}
+        if apis != [proc.pid]:
+            pids["parent"] = proc.pid
+            pids.update({f"api{i + 1}": pid for i, pid in enumerate(apis[1:], 1)})
         before_threads = {role: {tid: cpu_seconds(pid, tid) for tid in thread_names(pid)}
-                          for role, pid in pids.items() if pid}
+                          for role, pid in pids.items() if pid and role in ("api", "engine")}
         before = {role: cpu_seconds(pid) for role, pid in pids.items() if pid}
+        hist_before = histogram_totals(url)
         encoder_before = json.loads(timing_file.read_text()) if timing_file.exists() else {}
         sampler = Sampler(url)
         sampler.start()
@@ -204,11 +256,16 @@ def run_target(target: str, out: Path) -> dict:
         encoder_after = json.loads(timing_file.read_text()) if timing_file.exists() else {}
         result["cpu_per_s"] = {role: round((cpu_seconds(pid) - before[role]) / wall, 2)
                                for role, pid in pids.items() if pid}
+        result["api_processes"] = len(apis)
+        result["cpu_per_s"]["api_all"] = round(sum(v for k, v in result["cpu_per_s"].items()
+                                                   if k == "api" or re.fullmatch(r"api\d+", k)), 2)
+        # where a request's time goes: hyocr's route/stage latencies and vLLM's queue/prefill/decode/e2e
+        result["histograms"] = histogram_means(hist_before, histogram_totals(url), wall)
         result["cpu_per_s"]["bench_client"] = round(
             (usage.ru_utime + usage.ru_stime - usage_before.ru_utime - usage_before.ru_stime) / wall, 2)
         result["busiest_threads"] = {}
         for role, pid in pids.items():
-            if not pid:
+            if not pid or role not in before_threads:
                 continue
             names = thread_names(pid)
             busy = sorted(((cpu_seconds(pid, tid) - before_threads[role].get(tid, 0)) / wall, names[tid])
@@ -231,7 +288,9 @@ def run_target(target: str, out: Path) -> dict:
                                                  "errors")}
         if spy is not None:
             spy.wait(timeout=60)
-            result["pyspy"] = pyspy_summary(out / f"{name}.diag-pyspy.txt", pids)
+            roles = {"engine": engine, "parent": pids.get("parent")}
+            result["pyspy"] = pyspy_summary(out / f"{name}.diag-pyspy.txt",
+                                            {**roles, **{f"api {pid}": pid for pid in apis}}, merge_api=True)
     finally:
         stop_server(proc)
         log.close()

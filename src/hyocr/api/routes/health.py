@@ -19,10 +19,13 @@ async def health() -> dict:
 async def ready(request: Request) -> JSONResponse:
     engine = service_of(request).engine
     supervisor = request.app.state.supervisor
-    ok = bool(getattr(request.app.state, "engine_started", False)) and await supervisor.healthy()
+    healthy = bool(getattr(request.app.state, "engine_started", False)) and await supervisor.healthy()
+    ok = healthy and engine.peers_ready()
     body = {"status": "ready" if ok else "unavailable", "engine": engine.info.name, "model": engine.info.model,
             "restarts": supervisor.restarts}
-    if not ok and supervisor.last_failure:
+    if healthy and not ok:
+        body["reason"] = "waiting for the server's other API processes"
+    elif not ok and supervisor.last_failure:
         body["reason"] = "restarting" if supervisor.restarting else "engine unhealthy"
     return JSONResponse(body, status_code=200 if ok else 503)
 
