@@ -168,7 +168,8 @@ def gpu_utilisation(path: Path) -> float | None:
 
 def pyspy_summary(path: Path, pids: dict[str, int | None], top: int = 22, merge_api: bool = False) -> dict:
     """Busiest functions per server process from a raw (collapsed) py-spy profile: inclusive samples
-    of each frame, and the share of samples per thread (merge_api: every "api PID" role counted as one)."""
+    of each frame, and the share of samples per thread (merge_api: the "api PID" roles counted as one "api",
+    the "engine worker PID" ones as one "engine worker")."""
     out: dict = {}
     if not path.exists():
         return out
@@ -176,7 +177,9 @@ def pyspy_summary(path: Path, pids: dict[str, int | None], top: int = 22, merge_
     leaves: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     threads: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     totals: collections.Counter = collections.Counter()
-    names = {str(pid): "api" if merge_api and role.startswith("api ") else role for role, pid in pids.items() if pid}
+    merged = ("api ", "engine worker ") if merge_api else ()
+    names = {str(pid): next((m.strip() for m in merged if role.startswith(m)), role)
+             for role, pid in pids.items() if pid}
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         if not count.isdigit():
@@ -289,6 +292,8 @@ def run_target(target: str, out: Path) -> dict:
         if spy is not None:
             spy.wait(timeout=60)
             roles = {"engine": engine, "parent": pids.get("parent")}
+            # the engine core's executor workers, where the model runs in processes of their own
+            roles.update({f"engine worker {pid}": pid for pid in (children(engine) if engine else [])})
             result["pyspy"] = pyspy_summary(out / f"{name}.diag-pyspy.txt",
                                             {**roles, **{f"api {pid}": pid for pid in apis}}, merge_api=True)
     finally:
