@@ -157,3 +157,10 @@ def test_all_up_counts_the_front_ends_the_parent_heard_from():
     counter.value = 2
     assert core.all_up
     assert SharedEngineCore({}).all_up  # a lone process has no peers to wait for
+
+
+def test_the_client_state_note_never_raises():
+    core = SharedEngineCore({"client_index": 0, "client_count": 2})
+    assert core.client_state() == {}  # not connected yet
+    core.engine = type("Client", (), {"engine_core": object()})()  # a vLLM whose client lacks .resources
+    assert "unreadable" in core.client_state()

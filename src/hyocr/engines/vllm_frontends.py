@@ -92,10 +92,17 @@ class SharedEngineCore:
         return engine
 
     def client_state(self) -> dict[str, Any]:
-        """What this process's vLLM client holds (for the log, when the core does not answer)."""
+        """What this process's vLLM client holds (for the log, when the core does not answer). It reads
+        vLLM's internals, so any version that lacks one gets a note instead."""
+        try:
+            return self._client_state()
+        except Exception as exc:  # a note for the log must not hide the timeout it explains
+            return {"unreadable": repr(exc)}
+
+    def _client_state(self) -> dict[str, Any]:
         import zmq
 
-        core = getattr(getattr(self, "engine", None), "engine_core", None)
+        core = getattr(self.engine, "engine_core", None)
         if core is None:
             return {}
         resources = core.resources
