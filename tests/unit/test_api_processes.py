@@ -112,21 +112,45 @@ def test_a_killed_start_attempt_leaves_no_zombie():
 
     import psutil
 
-    from hyocr.engines.vllm_frontends import _reap
+    from hyocr.engines.vllm_frontends import Launched
 
     proc = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
     proc.start()
     os.kill(proc.pid, signal.SIGKILL)  # what vLLM's shutdown does to a straggler, without waiting
-    _reap((SimpleNamespace(processes=[proc]), None))
+    Launched(engines=SimpleNamespace(processes=[proc])).reap()
     assert proc.exitcode == -signal.SIGKILL
     assert proc.pid not in [p.pid for p in psutil.Process().children()]
+
+
+def test_a_launch_that_fails_half_way_is_stopped_and_not_retried(monkeypatch):
+    """The engine core dies while loading (a bad checkpoint, no memory): what was started is stopped,
+    and the outcome is a failure, not a start to try again (that would load the model three times)."""
+    from hyocr.engines import vllm_frontends
+
+    stopped = []
+
+    class Manager:
+        processes = ()
+
+        def shutdown(self, timeout=None):
+            stopped.append(timeout)
+
+    def launch(launched, *args, **kwargs):
+        launched.engines = Manager()
+        launched.keep.append(object())
+        raise RuntimeError("Engine core initialization failed")
+
+    monkeypatch.setattr(vllm_frontends, "engine_config", lambda *a: None)
+    monkeypatch.setattr(vllm_frontends, "_launch", launch)
+    settings = load_settings(engine="vllm", model="m", api_processes=2)
+    outcome = vllm_frontends._run_once({}, 2, "http://x", None, settings, lambda: False)
+    assert outcome == "failed" and stopped == [None]
 
 
 def test_ready_waits_for_every_api_process():
     """Until each process has had its first answer, the parent may start them all again: /ready says so
     (503), while the supervisor, which probes the engine itself, sees a healthy engine and leaves it be."""
     import httpx
-
     from servers import LiveServer
 
     class Peered(FakeEngine):

