@@ -13,6 +13,13 @@ from hyocr.config import Settings
 from hyocr.engines.base import Engine
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a server a test starts as a subprocess)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class LiveServer:
     """The app from ``build_app`` served by uvicorn on a free loopback port, in a thread."""
 

@@ -6,7 +6,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import time
 import pytest
 import requests
 from imaging import card, chinese_card, squash
+from servers import free_port
 
 HYOCR = [sys.executable, "-m", "hyocr"]
 
@@ -66,11 +66,6 @@ def test_bad_settings_are_reported_clearly():
     assert unknown.returncode == 2 and "unknown engine 'nope'" in unknown.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
@@ -86,7 +81,7 @@ def _wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
 
 
 def test_serve_process_answers_then_stops_cleanly_on_sigterm(tmp_path):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([*HYOCR, "serve", "--port", str(port)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "HYOCR_API_KEYS": "k-e2e"})
     try:
@@ -114,7 +109,7 @@ def test_serve_process_answers_then_stops_cleanly_on_sigterm(tmp_path):
 def test_sigterm_under_load_finishes_in_flight_requests_then_exits_0():
     import concurrent.futures
 
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([*HYOCR, "serve", "--port", str(port), "--engine", "fake", "--model", "latency=1.5",
                              "--no-ui"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"

@@ -4,7 +4,6 @@ scriptable fake engine, and a scripted HTTP server for what the fake engine cann
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 from imaging import card, overlap, squash
+from servers import free_port
 
 from hyocr.client import AsyncHyocrClient, BadRequest, ConnectionFailed, HyocrClient, ServerError, Timeout
 
@@ -70,11 +70,6 @@ def test_timeout_after_every_attempt(fake_server_factory):
     assert info.value.attempts == 3 and len(server.engine.requests) == 3  # max_retries + 1
     assert 1.5 <= elapsed < 3.0
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class CountingTransport(httpx.HTTPTransport):

@@ -13,7 +13,6 @@ import concurrent.futures
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,15 +23,11 @@ import httpx
 import psutil
 import pytest
 from PIL import Image, ImageDraw
+from servers import free_port
 
 # A start can take up to three engine loads (engines/vllm_frontends.py, START_ATTEMPTS).
 pytestmark = pytest.mark.timeout(900)
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _image() -> str:
@@ -45,7 +40,7 @@ def _image() -> str:
 
 class _Server:
     def __init__(self, checkpoint: Path, log: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log, "w")
         command = [sys.executable, "-m", "hyocr", "serve", "--engine", "vllm", "--model", str(checkpoint),
