@@ -166,10 +166,9 @@ def gpu_utilisation(path: Path) -> float | None:
     return round(sum(values) / len(values), 1) if values else None
 
 
-def pyspy_summary(path: Path, pids: dict[str, int | None], top: int = 22, merge_api: bool = False) -> dict:
-    """Busiest functions per server process from a raw (collapsed) py-spy profile: inclusive samples
-    of each frame, and the share of samples per thread (merge_api: the "api PID" roles counted as one "api",
-    the "engine worker PID" ones as one "engine worker")."""
+def pyspy_summary(path: Path, roles: dict[int, str], top: int = 22) -> dict:
+    """Busiest functions per role (``roles``: pid -> role; processes of one role are counted together) from
+    a raw (collapsed) py-spy profile: inclusive samples of each frame, and the share of samples per thread."""
     out: dict = {}
     if not path.exists():
         return out
@@ -177,9 +176,7 @@ def pyspy_summary(path: Path, pids: dict[str, int | None], top: int = 22, merge_
     leaves: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     threads: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     totals: collections.Counter = collections.Counter()
-    merged = ("api ", "engine worker ") if merge_api else ()
-    names = {str(pid): next((m.strip() for m in merged if role.startswith(m)), role)
-             for role, pid in pids.items() if pid}
+    names = {str(pid): role for pid, role in roles.items()}
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         if not count.isdigit():
@@ -230,10 +227,10 @@ def run_target(target: str, out: Path) -> dict:
         engine = engine_pid(proc.pid)
         apis = frontends(proc.pid, engine)
         # with several API processes: the first one's threads, all of their CPU (api_all), the parent's
-        pids = {"api": apis[0], "engine": engine}
+        api_roles = ["api", *(f"api{i}" for i in range(2, len(apis) + 1))]
+        pids = {**dict(zip(api_roles, apis)), "engine": engine}
         if apis != [proc.pid]:
             pids["parent"] = proc.pid
-            pids.update({f"api{i + 1}": pid for i, pid in enumerate(apis[1:], 1)})
         before_threads = {role: {tid: cpu_seconds(pid, tid) for tid in thread_names(pid)}
                           for role, pid in pids.items() if pid and role in ("api", "engine")}
         before = {role: cpu_seconds(pid) for role, pid in pids.items() if pid}
@@ -260,8 +257,7 @@ def run_target(target: str, out: Path) -> dict:
         result["cpu_per_s"] = {role: round((cpu_seconds(pid) - before[role]) / wall, 2)
                                for role, pid in pids.items() if pid}
         result["api_processes"] = len(apis)
-        result["cpu_per_s"]["api_all"] = round(sum(v for k, v in result["cpu_per_s"].items()
-                                                   if k == "api" or re.fullmatch(r"api\d+", k)), 2)
+        result["cpu_per_s"]["api_all"] = round(sum(result["cpu_per_s"][role] for role in api_roles), 2)
         # where a request's time goes: hyocr's route/stage latencies and vLLM's queue/prefill/decode/e2e
         result["histograms"] = histogram_means(hist_before, histogram_totals(url), wall)
         result["cpu_per_s"]["bench_client"] = round(
@@ -291,11 +287,11 @@ def run_target(target: str, out: Path) -> dict:
                                                  "errors")}
         if spy is not None:
             spy.wait(timeout=60)
-            roles = {"engine": engine, "parent": pids.get("parent")}
-            # the engine core's executor workers, where the model runs in processes of their own
-            roles.update({f"engine worker {pid}": pid for pid in (children(engine) if engine else [])})
-            result["pyspy"] = pyspy_summary(out / f"{name}.diag-pyspy.txt",
-                                            {**roles, **{f"api {pid}": pid for pid in apis}}, merge_api=True)
+            roles = {proc.pid: "parent", **{pid: "api" for pid in apis}}  # one API process: it is the parent
+            if engine:
+                # the engine core's executor workers, where the model runs in processes of their own
+                roles.update({engine: "engine", **{pid: "engine worker" for pid in children(engine)}})
+            result["pyspy"] = pyspy_summary(out / f"{name}.diag-pyspy.txt", roles)
     finally:
         stop_server(proc)
         log.close()
