@@ -271,6 +271,10 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
         log.error("server stopping: %s", exc)
         return "start failed" if ready.value < count and not stopping() else "failed"
     finally:
+        if stopping():
+            # The parent's copy of the listening socket: without it, once the front ends stop accepting, a
+            # connection still in the backlog is refused at once instead of waiting out the drain for a reset.
+            sock.close()
         launched.stop(getattr(config, "shutdown_timeout", None) if stopping() else None)
 
 
