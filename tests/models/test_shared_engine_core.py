@@ -126,6 +126,21 @@ def _metric(url: str, name: str) -> float:
     return 0.0
 
 
+def _refused_while_draining(url: str) -> bool:
+    """Once the front ends stop accepting, a new connection is refused at once: no process holds the
+    socket open behind them (the parent lets go, the engine core never had it), so nothing queues in a
+    backlog that nobody accepts from, to be reset after the drain."""
+    for _ in range(40):
+        try:
+            httpx.get(url + "/health", timeout=10)  # a front end still accepting: SIGTERM on its way
+        except httpx.ConnectError:
+            return True
+        except httpx.RemoteProtocolError:  # accepted as it stopped, and closed unanswered: try again
+            pass
+        time.sleep(0.25)
+    return False
+
+
 def test_two_processes_serve_one_engine_and_drain_on_sigterm(server):
     # Both processes take connections (the kernel gives each new one to one of them).
     seen = set()
@@ -161,6 +176,7 @@ def test_two_processes_serve_one_engine_and_drain_on_sigterm(server):
             assert time.monotonic() < deadline, "the six requests were not admitted"
             time.sleep(0.2)
         server.proc.send_signal(signal.SIGTERM)
+        assert _refused_while_draining(server.url)
         done = [f.result() for f in in_flight]
         assert [r.status_code for r in done] == [200] * 6
         assert [r.json()["usage"]["completion_tokens"] for r in done] == [300] * 6

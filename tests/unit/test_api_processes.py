@@ -8,7 +8,10 @@ tests/models/test_shared_engine_core.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import multiprocessing
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,7 +20,7 @@ import pytest
 
 from hyocr.config import SettingsError, load_settings
 from hyocr.engines.fake import FakeEngine
-from hyocr.engines.vllm_frontends import SharedEngineCore, process_settings
+from hyocr.engines.vllm_frontends import SharedEngineCore, close_in_forks, process_settings
 from hyocr.pipeline.supervisor import EngineSupervisor
 
 
@@ -105,7 +108,6 @@ def test_metrics_are_summed_over_processes(tmp_path):
 
 
 def test_a_killed_start_attempt_leaves_no_zombie():
-    import multiprocessing
     import signal
     import time
     from types import SimpleNamespace
@@ -188,3 +190,28 @@ def test_the_client_state_note_never_raises():
     assert core.client_state() == {}  # not connected yet
     core.engine = type("Client", (), {"engine_core": object()})()  # a vLLM whose client lacks .resources
     assert "unreadable" in core.client_state()
+
+
+def _held(inodes: set[int]) -> None:
+    """In a forked child: exit with how many of ``inodes`` (sockets) it holds open."""
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            held.add(os.stat(f"/proc/self/fd/{fd}").st_ino)
+    os._exit(len(held & inodes))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="no /proc")
+def test_a_forked_engine_core_does_not_hold_the_listening_socket():
+    # vLLM forks its engine core on a GPU: there the socket would stay open after the front ends stopped,
+    # with connections queued where nobody accepts them.
+    sock = socket.create_server(("127.0.0.1", 0))
+    try:
+        close_in_forks(sock)
+        inode = os.fstat(sock.fileno()).st_ino
+        child = multiprocessing.get_context("fork").Process(target=_held, args=({inode},))
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+    finally:
+        sock.close()

@@ -215,6 +215,7 @@ def serve(settings: Settings) -> int:
         sock = socket.create_server((settings.host, settings.port), family=family, backlog=4096)
     except OSError as exc:
         raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
+    close_in_forks(sock)
     listen = f"http://{settings.host}:{settings.port}"
 
     stopping = False
@@ -240,6 +241,15 @@ def serve(settings: Settings) -> int:
         return 1
     finally:
         sock.close()
+
+
+def close_in_forks(sock: Any) -> None:
+    """Close the listening socket in every process forked from this one. vLLM forks its engine core on a
+    GPU (``VLLM_WORKER_MULTIPROC_METHOD``; CPU builds spawn), and a forked child keeps every descriptor:
+    the core would hold the socket open after the front ends stopped accepting, and connections would wait
+    in a backlog nobody accepts from until the core exits. Spawned processes (the front ends) get only the
+    descriptors passed to them."""
+    os.register_at_fork(after_in_child=sock.close)
 
 
 def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settings: Settings,
