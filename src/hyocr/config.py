@@ -36,7 +36,7 @@ class Settings(BaseSettings):
         "image processing and output handling); admission limits are split between them")
 
     # --- engine ---
-    engine: str = Field("rapidocr", description="rapidocr | openai | fake")
+    engine: str = Field("rapidocr", description="rapidocr | vllm | transformers | openai | fake")
     model: str | None = Field(None, description="model id/path; engine default when unset")
     served_model_name: str | None = Field(None, description="name in /v1/models and responses")
     engine_workers: int = Field(
