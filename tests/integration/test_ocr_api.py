@@ -151,3 +151,25 @@ def test_size_limits(rapid_server):
     huge = to_bytes(Image.new("L", (4000, 4000), 255))
     assert len(huge) < 100_000
     assert "4000x4000" in _error(_post_file(rapid_server, huge), 413)["message"]
+
+
+@pytest.mark.parametrize("size", [(1, 300), (100000, 1), (1, 100000)])
+def test_extreme_strips_are_read_in_bounded_time_not_failed(rapid_server, size):
+    # Unpadded, RapidOCR's detector blew a 1x300 PNG up to 736x220800 (minutes of CPU) and failed its
+    # resize on 100000x1 with a 500 (engines/rapidocr.py, detector_view).
+    r = _post_file(rapid_server, to_bytes(Image.new("RGB", size, "white")), task="spotting")
+    assert r.status_code == 200, r.text
+    page = r.json()["pages"][0]
+    assert (page["width"], page["height"]) == size and page["blocks"] == []
+
+
+def test_a_tall_text_strip_is_read_with_boxes_in_its_own_pixels(rapid_server):
+    rendered = render([Line("INVOICE 2026-12-01 TOTAL 42.00", (10, 4), 28)], size=(900, 40))
+    tall = rendered.image.rotate(90, expand=True)  # 40x900: padded to 113x900 for the detector
+    r = _post_file(rapid_server, to_bytes(tall), task="spotting")
+    assert r.status_code == 200, r.text
+    page = r.json()["pages"][0]
+    assert squash("INVOICE 2026-12-01 TOTAL 42.00") in squash(r.json()["text"])
+    for block in page["blocks"]:
+        x0, y0, x1, y1 = block["box"]
+        assert 0 <= x0 < x1 <= 40 and 0 <= y0 < y1 <= 900
