@@ -132,6 +132,8 @@ class Settings(BaseSettings):
 
     # --- media limits (enforced before decoding) ---
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    body_timeout: float = Field(60.0, gt=0, le=3600,
+                                description="seconds a request body may take to arrive (then 408)")
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024)
     max_image_pixels: int = Field(40_000_000, ge=1024, description="width*height from the header")
     max_images_per_request: int = Field(8, ge=1, le=1000)

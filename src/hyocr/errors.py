@@ -76,6 +76,15 @@ class NotFound(HyocrError):
     public = True
 
 
+class BodyTimeout(HyocrError):
+    """The request body did not arrive in time (a stalled or slowloris upload)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "body_timeout"
+    public = True
+
+
 class PayloadTooLarge(HyocrError):
     status = 413
     type = "invalid_request_error"

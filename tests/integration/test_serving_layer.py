@@ -206,3 +206,64 @@ def test_a_stalled_engine_is_restarted_by_the_watchdog(fake_server_factory):
     assert r.status_code in (500, 503) and time.monotonic() - started < 6  # not the 60 s deadline
     assert engine.starts == 2
     assert requests.post(f"{server.url}/v1/ocr", json={"image": IMAGE, "task": "text"}, timeout=30).status_code == 200
+
+
+class _BrokenEngine(FakeEngine):
+    """Fails the way a bug does: an exception that is not one of hyocr's errors."""
+
+    async def generate(self, request):
+        raise KeyError("a bug, not an engine error")
+        yield  # an async generator, as engines are
+
+
+def _raw(port: int, head: bytes, body: bytes = b"", *, timeout: float = 15) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(head + body)
+        data = b""
+        with contextlib.suppress(TimeoutError):
+            while chunk := sock.recv(65536):
+                data += chunk
+        return data
+
+
+def test_an_unexpected_error_is_a_json_500_and_the_connection_stays_usable(fake_server_factory):
+    server = fake_server_factory(_BrokenEngine(FakeScript()))
+    with requests.Session() as session:
+        r = session.post(f"{server.url}/v1/ocr", json={"image": IMAGE, "task": "text"}, timeout=30)
+        assert r.status_code == 500
+        err = r.json()["error"]
+        assert err["type"] == "internal_error" and "bug" not in err["message"]
+        assert r.headers["x-request-id"] in err["message"]
+        # The same keep-alive connection answers the next request (Starlette's last resort dropped it).
+        assert session.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_a_body_that_never_arrives_gets_a_408_not_a_held_connection(fake_server_factory):
+    server = fake_server_factory(body_timeout=1)
+    head = (b"POST /v1/ocr HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n")
+    started = time.monotonic()
+    reply = _raw(server.port, head, b'{"image":')
+    assert time.monotonic() - started < 10
+    status, _, rest = reply.partition(b"\r\n")
+    assert status.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert json.loads(rest.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "body_timeout"
+    # A complete body, however slow its parts, is served as before.
+    assert _chat(server.url, "hello").status_code == 200
+
+
+def test_a_client_leaving_mid_body_is_a_499_not_an_error(fake_server_factory, caplog):
+    server = fake_server_factory()
+    head = (b"POST /v1/ocr HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n")
+    with caplog.at_level("INFO"):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(head + b'{"image":"')
+            time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(getattr(r, "fields", {}).get("status") == 499
+                                                      for r in caplog.records):
+            time.sleep(0.1)
+    statuses = [getattr(r, "fields", {}).get("status") for r in caplog.records if r.name == "hyocr.access"]
+    assert 499 in statuses, statuses
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]

@@ -22,7 +22,7 @@ from ..observability.logs import AccessLogMiddleware
 from ..observability.metrics import Metrics
 from ..pipeline.service import OcrService
 from ..pipeline.supervisor import EngineSupervisor
-from .errors import install_error_handlers
+from .errors import UnexpectedErrorMiddleware, install_error_handlers
 from .limits import BodyLimitMiddleware, RequestIdMiddleware
 from .ratelimit import RateLimiter, RateLimitMiddleware
 from .routes import health, ocr, openai
@@ -84,7 +84,9 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         # Probes and scrapes are cheap and periodic: they never spend a caller's budget.
         exempt = policy.public_paths | {"/health", "/ready", "/metrics"}
         middleware.append(Middleware(RateLimitMiddleware, limiter=limiter, public_paths=exempt))
-    middleware.append(Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes))
+    middleware.append(Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
+                                 timeout=settings.body_timeout))
+    middleware.append(Middleware(UnexpectedErrorMiddleware))  # innermost: see api/errors.py
     app = FastAPI(
         title="hyocr",
         version=__version__,

@@ -13,8 +13,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import HyocrError
+from .limits import send_json_error
 
 log = logging.getLogger("hyocr.api")
 
@@ -104,3 +107,36 @@ def install_error_handlers(app: FastAPI) -> None:
         rid = request_id_of(request)
         log.exception("request %s failed with an unexpected error", rid)
         return error_response(500, f"internal error (request id {rid})", "internal_error")
+
+
+class UnexpectedErrorMiddleware:
+    """The innermost middleware. An exception no handler took becomes the JSON 500 here: Starlette's own
+    last resort (ServerErrorMiddleware, outermost) answers the same but then re-raises to the server, so
+    uvicorn logs "Exception in ASGI application" and drops the client's keep-alive connection. A client that
+    left while its body was arriving (ClientDisconnect) is not answered, there is nobody to answer: the
+    access log records 499."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except ClientDisconnect:
+            scope.setdefault("state", {})["client_gone"] = True
+        except Exception:
+            if started:  # half a response is out: only the server can end it
+                raise
+            rid = scope.get("state", {}).get("request_id") or "-"
+            log.exception("request %s failed with an unexpected error", rid)
+            await send_json_error(send, 500, f"internal error (request id {rid})", None, type_="internal_error")

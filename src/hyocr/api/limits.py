@@ -6,19 +6,20 @@ untouched, and so the cap applies while the body streams in, before a route buff
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import PayloadTooLarge
+from ..errors import BodyTimeout, PayloadTooLarge
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 async def send_json_error(
-    send: Send, status: int, message: str, code: str, *, type_: str = "invalid_request_error",
+    send: Send, status: int, message: str, code: str | None, *, type_: str = "invalid_request_error",
     headers: list[tuple[bytes, bytes]] = (),
 ) -> None:
     """An OpenAI-shaped JSON error from middleware that answers before any route runs."""
@@ -52,11 +53,14 @@ class RequestIdMiddleware:
 
 
 class BodyLimitMiddleware:
-    """413 from Content-Length before reading; mid-stream for chunked bodies that grow past the cap."""
+    """413 from Content-Length before reading; mid-stream for chunked bodies that grow past the cap.
+    408 for a body that has not arrived ``timeout`` seconds after its headers: without it a client that
+    declares a body and never sends it holds its request (and a connection) forever."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float = 60.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -73,14 +77,24 @@ class BodyLimitMiddleware:
                 await send_json_error(send, 413, message, "payload_too_large", headers=[(b"connection", b"close")])
                 return
         seen = 0
+        complete = False
+        deadline = asyncio.get_running_loop().time() + self.timeout
 
         async def counted_receive() -> Message:
-            nonlocal seen
-            msg = await receive()
+            nonlocal seen, complete
+            if complete:  # later receives wait for the client's disconnect, for as long as a response takes
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    msg = await receive()
+            except TimeoutError:
+                raise BodyTimeout(f"the request body did not arrive within {self.timeout:g} s",
+                                  headers={"Connection": "close"}) from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.max_bytes:
                     raise PayloadTooLarge(message)
+                complete = not msg.get("more_body", False)
             return msg
 
         await self.app(scope, counted_receive, send)

@@ -96,6 +96,8 @@ class AccessLogMiddleware:
         finally:
             request_stats.reset(token)
             state = scope.get("state", {})
+            if state.get("client_gone"):
+                status[0] = 499  # it left before its request had arrived (api/errors.py)
             route = scope.get("route")
             fields = {
                 "request_id": state.get("request_id"),
