@@ -120,6 +120,8 @@ class Settings(BaseSettings):
     # --- admission and deadlines ---
     max_concurrency: int = Field(64, ge=1, le=100_000, description="requests in the engine at once")
     max_queue: int = Field(256, ge=0, le=1_000_000, description="requests waiting; beyond that, 503 at once")
+    queue_timeout: float = Field(30.0, gt=0, le=3600,
+                                 description="seconds a request may wait for an engine slot (then 503)")
     request_timeout: float = Field(300.0, gt=0, le=86_400, description="seconds per request; then 504")
     stall_timeout: float = Field(120.0, ge=0, le=86_400,
                                  description="no engine output for this long with requests in flight: restart it (0: off)")

@@ -267,3 +267,18 @@ def test_a_client_leaving_mid_body_is_a_499_not_an_error(fake_server_factory, ca
     statuses = [getattr(r, "fields", {}).get("status") for r in caplog.records if r.name == "hyocr.access"]
     assert 499 in statuses, statuses
     assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
+
+
+def test_a_request_queued_past_queue_timeout_is_shed_with_a_503(fake_server_factory):
+    server = fake_server_factory(max_concurrency=1, queue_timeout=0.5)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        holder = pool.submit(_chat, server.url, "[[fake:delay=3]]")
+        time.sleep(0.5)  # the holder has the one slot
+        started = time.monotonic()
+        r = _chat(server.url, "hello")
+        waited = time.monotonic() - started
+        assert r.status_code == 503 and r.json()["error"]["code"] == "queue_timeout", r.text
+        assert r.headers["retry-after"] == "1" and waited < 2.5
+        assert holder.result().status_code == 200  # the admitted request is unaffected
+    metrics = requests.get(f"{server.url}/metrics", timeout=10).text
+    assert 'hyocr_rejected_total{reason="queue_timeout"} 1.0' in metrics

@@ -1,6 +1,8 @@
 """Admission control: at most ``max_concurrency`` requests in the engine, at most ``max_queue``
-waiting; the rest are refused at once (503 + Retry-After) before their images are decoded, so an
-overload costs the server almost nothing and accepted requests keep their latency."""
+waiting, each for at most ``max_wait`` seconds; the rest are refused (503 + Retry-After) before their
+images are decoded, so an overload costs the server almost nothing and accepted requests keep their
+latency. Without the wait bound a queue longer than the engine drains in minutes held its requests for
+as long, past any client's patience (the request deadline starts once a request is admitted)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from ..observability.logs import record
 
 
 class Admission:
-    def __init__(self, max_concurrency: int, max_queue: int) -> None:
+    def __init__(self, max_concurrency: int, max_queue: int, max_wait: float | None = None) -> None:
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
+        self.max_wait = max_wait
         self.in_flight = 0
         self._waiters: deque[asyncio.Future] = deque()
 
@@ -34,14 +37,25 @@ class Admission:
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            await waiter  # resolved by release(), which hands over its slot
+            async with asyncio.timeout(self.max_wait):
+                await waiter  # resolved by release(), which hands over its slot
+        except TimeoutError:
+            self._give_up(waiter)
+            record(rejected="queue_timeout")
+            raise ServiceUnavailable(
+                f"no engine slot came free within {self.max_wait:g} s; retry shortly", code="queue_timeout",
+                headers={"Retry-After": "1"},
+            ) from None
         except BaseException:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-            elif waiter.done() and not waiter.cancelled():
-                self._release_slot()  # the slot was handed over just as we gave up: pass it on
+            self._give_up(waiter)
             raise
         return Ticket(self)
+
+    def _give_up(self, waiter: asyncio.Future) -> None:
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
+        elif waiter.done() and not waiter.cancelled():
+            self._release_slot()  # the slot was handed over just as we gave up: pass it on
 
     def _release_slot(self) -> None:
         while self._waiters:

@@ -121,7 +121,7 @@ class OcrService:
             default_max_tokens=settings.default_max_tokens,
             prompt_language=settings.prompt_language,
             loop_guard=settings.loop_guard,
-            admission=Admission(settings.max_concurrency, settings.max_queue),
+            admission=Admission(settings.max_concurrency, settings.max_queue, settings.queue_timeout),
             request_timeout=settings.request_timeout,
             fetch_policy=FetchPolicy.from_settings(settings),
             max_pages=settings.max_pages,
