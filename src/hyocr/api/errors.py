@@ -52,12 +52,21 @@ def request_id_of(request: Request) -> str:
     return getattr(request.state, "request_id", None) or "-"
 
 
+def internal_message(request_id: str) -> str:
+    """What a client is told of an internal failure: its request id, to quote, and nothing else."""
+    return f"internal error (request id {request_id})"
+
+
+def log_unexpected(request_id: str) -> str:
+    """Log the exception being handled, with its traceback; return the client's message."""
+    log.exception("request %s failed with an unexpected error", request_id)
+    return internal_message(request_id)
+
+
 def hyocr_error_body(exc: HyocrError, request_id: str) -> tuple[int, dict]:
     if exc.public:
         return exc.status, error_body(exc.message, exc.type, exc.param, exc.code)
-    return exc.status, error_body(
-        f"internal error (request id {request_id})", exc.type, None, exc.code
-    )
+    return exc.status, error_body(internal_message(request_id), exc.type, None, exc.code)
 
 
 def validation_message(errors: list) -> tuple[str, str | None]:
@@ -102,11 +111,9 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=getattr(exc, "headers", None),
         )
 
-    @app.exception_handler(Exception)
+    @app.exception_handler(Exception)  # what escapes the outer middlewares (the inner one: below)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        rid = request_id_of(request)
-        log.exception("request %s failed with an unexpected error", rid)
-        return error_response(500, f"internal error (request id {rid})", "internal_error")
+        return error_response(500, log_unexpected(request_id_of(request)), "internal_error")
 
 
 class UnexpectedErrorMiddleware:
@@ -137,6 +144,5 @@ class UnexpectedErrorMiddleware:
         except Exception:
             if started:  # half a response is out: only the server can end it
                 raise
-            rid = scope.get("state", {}).get("request_id") or "-"
-            log.exception("request %s failed with an unexpected error", rid)
-            await send_json_error(send, 500, f"internal error (request id {rid})", None, type_="internal_error")
+            message = log_unexpected(scope.get("state", {}).get("request_id") or "-")
+            await send_json_error(send, 500, message, None, type_="internal_error")
