@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+
+import requests
 
 import uvicorn
 
@@ -18,6 +24,33 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
+    """Until ``url``'s /ready answers 200; fails with the process's output if it exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            out = proc.stdout or proc.stderr
+            raise AssertionError(out.read() if out is not None else f"the server exited with {proc.returncode}")
+        with contextlib.suppress(requests.ConnectionError):
+            if requests.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        assert time.monotonic() < deadline, "server never became ready"
+        time.sleep(0.1)
+
+
+def serve_process(*args: str, env: dict[str, str] | None = None, **popen) -> tuple[subprocess.Popen, str]:
+    """``hyocr serve ARGS`` as a user starts it, on a free port, ready; output on ``proc.stdout`` (text)
+    unless ``popen`` says otherwise."""
+    port = free_port()
+    popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("stderr", subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "hyocr", "serve", "--port", str(port), *args], text=True,
+                            env={**os.environ, **(env or {})}, **popen)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(proc, url)
+    return proc, url
 
 
 class LiveServer:

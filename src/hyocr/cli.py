@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     ocr.add_argument("--api-key", dest="api_key", help="--url: the server's API key (or HYOCR_CLIENT_API_KEY)")
     ocr.add_argument("--timeout", type=float, help=f"--url: seconds per attempt (default 3; {PDF_TIMEOUT:g} for "
                      "a PDF, which streams its pages: the wait until the first page, then between pages)")
-    _settings_flags(ocr, skip=("host", "port", "drain_timeout", "ui"))
+    _settings_flags(ocr, skip=("host", "port", "drain_timeout", "ui", "ui_upload_cache_bytes", "ui_upload_ttl",
+                               "metrics_port", "metrics_host"))
 
     bench = sub.add_parser(
         "bench", help="load-test a server (running, or started here) and report; 'bench compare' compares results",
@@ -163,9 +164,11 @@ def serve(settings: Settings) -> int:
     import uvicorn
 
     from .api.app import build_app
+    from .api.serving import Server, warn_if_exposed
 
     if settings.gil_switch_interval:
         sys.setswitchinterval(settings.gil_switch_interval)
+    warn_if_exposed(settings)
     if settings.api_processes > 1:  # several front ends sharing one vLLM engine core
         from .engines.vllm_frontends import serve as serve_frontends
 
@@ -176,17 +179,28 @@ def serve(settings: Settings) -> int:
     # supervisors (systemd, Kubernetes) expect of a clean shutdown.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    uvicorn.run(app, host=settings.host, port=settings.port, **uvicorn_options(settings))
+    # uvicorn.Server, not uvicorn.run: the server tells the app when the drain starts (api/serving.py).
+    server = Server(uvicorn.Config(app, host=settings.host, port=settings.port, **uvicorn_options(settings)),
+                    drain=app.state.drain)
+    server.run()
+    if not server.started:  # the lifespan failed (the engine did not start), as uvicorn.run reports it
+        return 3
     return 0
 
 
 def uvicorn_options(settings: Settings) -> dict:
     """How hyocr runs uvicorn, in one process or in each of several (engines/vllm_frontends.py)."""
+    from .api.serving import SHUTDOWN_GRACE, http_protocol
+
     return {
         "log_level": settings.log_level,
         "log_config": None,  # keep the handlers set up above (JSON lines)
         "access_log": False,  # hyocr writes its own access line (observability/logs.py)
-        "timeout_graceful_shutdown": settings.drain_timeout,
+        # The app answers what is still running at DRAIN_TIMEOUT (api/serving.py); uvicorn cancels what
+        # ignored that a little later.
+        "timeout_graceful_shutdown": settings.drain_timeout + SHUTDOWN_GRACE,
+        # The parser's 400 for malformed HTTP in the API's JSON shape (api/serving.py).
+        "http": http_protocol(),
         # hyocr believes X-Forwarded-For only from HYOCR_TRUSTED_PROXIES (api/security.py); uvicorn's
         # own proxy handling would rewrite the client address before hyocr could judge it.
         "proxy_headers": False,
@@ -332,18 +346,21 @@ class _Output:
 
 
 def _human(body: dict) -> str:
-    """Readable text: fields for extraction, else the page text."""
+    """Readable text: fields for extraction, else the page text. Pages are named as people and ``--pages``
+    count them, from 1 (``--json`` keeps the API's 0-based ``index``)."""
     lines = []
     document = len(body["pages"]) > 1 and any(page.get("source") for page in body["pages"])
     for page in body["pages"]:
+        number = page["index"] + 1
         if document:
-            lines.append(f"[page {page['index'] + 1}]")
+            lines.append(f"[page {number}]")
         if page.get("fields") is not None:
             lines += [f"{k}: {v}" for k, v in page["fields"].items()]
         elif page["text"]:
             lines.append(page["text"])
-        if page.get("error"):
-            lines.append(f"[page {page['index']}: {page['error']}]")
+        if page.get("error"):  # named once: a PDF page's error may already say "page N: ..."
+            error = page["error"]
+            lines.append(f"[{error}]" if error.startswith(f"page {number}:") else f"[page {number}: {error}]")
     if body["task"] != body["requested_task"]:
         lines.append(f"[ran task {body['task']!r} instead of {body['requested_task']!r}]")
     return "\n".join(lines)

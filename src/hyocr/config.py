@@ -28,6 +28,11 @@ class Settings(BaseSettings):
                                       "http://collector:4318/v1/traces")
     drain_timeout: float = Field(30.0, ge=0, le=3600, description="seconds to finish in-flight work on SIGTERM")
     ui: bool = Field(True, description="serve the web UI at /ui")
+    ui_upload_cache_bytes: int = Field(
+        1024 * 1024 * 1024, ge=1024 * 1024, description="web UI: bytes its uploads (and result files) may "
+        "take on disk; a new upload evicts the least recently used ones")
+    ui_upload_ttl: int = Field(600, ge=1, le=86_400, description="web UI: seconds an upload is kept after "
+                               "its last use (then deleted; all of them when the server stops)")
     gil_switch_interval: float | None = Field(
         None, gt=0, le=1, description="seconds a thread may hold the GIL while another waits (Python's default: "
         "0.005); shorter lets the event loop in sooner beside busy image-processing threads")
@@ -108,6 +113,7 @@ class Settings(BaseSettings):
     public_metrics: bool = Field(False, description="/metrics needs no credentials")
     metrics_port: int | None = Field(None, ge=1, le=65535,
                                      description="also serve /metrics on this port (no auth: bind it privately)")
+    metrics_host: str | None = Field(None, description="address the metrics port binds (default: host)")
     rate_limit: str | None = Field(None, description="per caller, e.g. 60/minute or 10/second;1000/hour")
     rate_limit_storage: str = Field("memory://", description="memory:// or redis://host:6379 (shared)")
 
@@ -139,6 +145,12 @@ class Settings(BaseSettings):
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1024)
     max_image_pixels: int = Field(40_000_000, ge=1024, description="width*height from the header")
     max_images_per_request: int = Field(8, ge=1, le=1000)
+    max_request_pixels: int = Field(160_000_000, ge=1024, description="width*height of all images of a request "
+                                    "together, from their headers (PDFs: max_document_pixels)")
+    decode_budget_mb: int = Field(0, ge=0, le=1_048_576, description="MiB that decoding full-size images may "
+                                  "take at once, all requests together (0: 128 per CPU core, at least 256); an "
+                                  "image waits for its share (at most queue_timeout, then 503); one that needs "
+                                  "more than all of it decodes alone")
     image_formats: tuple[ImageFormat, ...] = ("PNG", "JPEG", "WEBP", "BMP", "TIFF")
 
     # PDF: documents are rendered page by page in worker processes (pipeline/pdf.py)
@@ -205,6 +217,9 @@ class Settings(BaseSettings):
         if self.rate_limit and self.rate_limit_storage.startswith("memory"):
             raise ValueError("rate limits across several API processes need a shared store: set "
                              "rate_limit_storage to redis://HOST:6379 (memory:// would count per process)")
+        if self.max_concurrency < self.api_processes:  # the processes split it: each needs one slot
+            raise ValueError(f"max_concurrency ({self.max_concurrency}) must be at least api_processes "
+                             f"({self.api_processes}): it is split between them, one engine slot each at least")
         return self
 
     @model_validator(mode="after")

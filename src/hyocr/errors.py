@@ -116,9 +116,14 @@ class UnprocessableDocument(HyocrError):
 
 
 class ServiceUnavailable(HyocrError):
+    """503: the request was fine, the server cannot take it now. Every 503 leaves with ``Retry-After``:
+    the one in ``headers`` where the raiser knows better (a circuit breaker's wait, an upstream's own),
+    else ``retry_after`` seconds (api/errors.py adds it, for every code, present and future)."""
+
     status = 503
     type = "service_unavailable"
     public = True
+    retry_after: int = 1
 
 
 class GatewayTimeout(HyocrError):

@@ -53,15 +53,19 @@ class PageImage:
     source: str | None = None  # PDF pages: "render" | "text_layer"
     text: str | None = None  # the PDF's own text for this page, used instead of the engine
     error: str | None = None  # the PDF page could not be rendered
-    size: tuple[int, int] = (0, 0)  # width, height of a page without an image
+    # The page's width and height in pixels of the upload (boxes and the response use them): set for a page
+    # without an image, and for one whose ``image`` was reduced to what the engine reads (pipeline/memory.py;
+    # an engine that reports boxes in the pixels of ``image`` scales them by ``width / image.width``).
+    # (0, 0): the image's own size.
+    size: tuple[int, int] = (0, 0)
 
     @property
     def width(self) -> int:
-        return self.image.width if self.image is not None else self.size[0]
+        return self.size[0] if self.size[0] or self.image is None else self.image.width
 
     @property
     def height(self) -> int:
-        return self.image.height if self.image is not None else self.size[1]
+        return self.size[1] if self.size[1] or self.image is None else self.image.height
 
     @property
     def needs_engine(self) -> bool:

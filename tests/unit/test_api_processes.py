@@ -21,6 +21,7 @@ import pytest
 from hyocr.config import SettingsError, load_settings
 from hyocr.engines.fake import FakeEngine
 from hyocr.engines.vllm_frontends import SharedEngineCore, close_in_forks, process_settings
+from hyocr.pipeline.service import OcrService
 from hyocr.pipeline.supervisor import EngineSupervisor
 
 
@@ -43,10 +44,25 @@ def test_each_process_gets_its_share_of_the_limits():
     settings = load_settings(engine="vllm", model="m", api_processes=3, max_concurrency=64, max_queue=256,
                              metrics_port=9400)
     shares = [process_settings(settings, i, 3) for i in range(3)]
-    assert [s.max_concurrency for s in shares] == [22, 22, 22]  # ceil: never below the total
-    assert [s.max_queue for s in shares] == [86, 86, 86]
+    assert [s.max_concurrency for s in shares] == [22, 21, 21]  # exactly the total (ceil gave 66)
+    assert [s.max_queue for s in shares] == [86, 85, 85]
     assert [s.metrics_port for s in shares] == [9400, None, None]  # one server for the separate port
     assert settings.max_concurrency == 64  # the original is untouched
+
+
+@pytest.mark.parametrize("total", [1, 2, 3, 4, 5, 7, 63, 64, 65, 100, 256])
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 8])
+def test_the_shares_sum_to_exactly_the_setting_and_none_is_below_one(total, count):
+    if total < count:
+        with pytest.raises(SettingsError, match="at least api_processes"):
+            load_settings(engine="vllm", model="m", api_processes=count, max_concurrency=total)
+        return
+    settings = load_settings(engine="vllm", model="m", api_processes=count, max_concurrency=total,
+                             max_queue=total - 1)
+    shares = [process_settings(settings, i, count) for i in range(count)]
+    assert sum(s.max_concurrency for s in shares) == total and min(s.max_concurrency for s in shares) >= 1
+    assert sum(s.max_queue for s in shares) == total - 1  # a queue share may be 0 (503 when full)
+    assert max(s.max_concurrency for s in shares) - min(s.max_concurrency for s in shares) <= 1
 
 
 def test_a_shared_engine_core_is_connected_to_once():
@@ -63,7 +79,7 @@ class _SharedFake(FakeEngine):
 
 def test_an_engine_owned_by_the_parent_makes_the_process_exit_not_restart():
     engine = _SharedFake()
-    supervisor = EngineSupervisor(engine, service=None)
+    supervisor = EngineSupervisor(engine, service=OcrService(engine))
     exits: list[int] = []
     supervisor.exit = exits.append  # os._exit in production
     assert asyncio.run(supervisor.restart("the readiness probe failed")) is False

@@ -50,6 +50,15 @@ def test_large_pages_are_downscaled_with_their_boxes():
     assert abs(xs.min() - 500) <= 3 and abs(xs.max() - 750) <= 3 and abs(ys.min() - 250) <= 3
 
 
+def test_boxes_of_a_page_reduced_for_the_engine_are_drawn_in_the_uploads_pixels():
+    # The service kept a 2000x1000 copy of a 4000x2000 upload; boxes are in the upload's pixels.
+    reduced = Image.new("RGB", (2000, 1000), "white")
+    drawn = render.draw_boxes(reduced, [TextBlock("a", box=(2000, 1000, 3000, 1500))], max_side=1000,
+                              size=(4000, 2000))
+    ys, xs = np.nonzero(_box_pixels(drawn))
+    assert abs(xs.min() - 500) <= 3 and abs(xs.max() - 750) <= 3 and abs(ys.min() - 250) <= 3
+
+
 def test_preview_keeps_small_images_and_scales_large_ones():
     small, scale = render.preview(Image.new("RGB", (300, 200)))
     assert small.size == (300, 200) and scale == 1.0

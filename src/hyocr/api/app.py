@@ -27,6 +27,7 @@ from .limits import BodyLimitMiddleware, RequestIdMiddleware
 from .ratelimit import RateLimiter, RateLimitMiddleware
 from .routes import health, ocr, openai
 from .security import AuthMiddleware, AuthPolicy
+from .serving import Drain, DrainMiddleware
 
 log = logging.getLogger("hyocr")
 
@@ -56,9 +57,9 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         if settings.metrics_port:
             from prometheus_client import start_http_server
 
-            metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host,
-                                                  registry=metrics.scrape_registry())
-            log.info("metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
+            addr = settings.metrics_host or settings.host  # METRICS_HOST: another interface than the API's
+            metrics_server, _ = start_http_server(settings.metrics_port, addr=addr, registry=metrics.scrape_registry())
+            log.info("metrics on http://%s:%d/metrics", addr, settings.metrics_port)
         try:
             yield
         finally:
@@ -74,16 +75,19 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     # Outermost first: every response gets a request id; then who is calling (401/403), how often
     # (429), and how much they send (413) are settled before any route reads the body.
     policy = AuthPolicy.from_settings(settings)
+    drain = Drain(settings.drain_timeout)  # the server starts it on SIGTERM (api/serving.py)
     middleware = [
         Middleware(RequestIdMiddleware),
         Middleware(AccessLogMiddleware, metrics=metrics),
+        Middleware(DrainMiddleware, drain=drain),  # at DRAIN_TIMEOUT: a JSON 503, logged and counted
         Middleware(AuthMiddleware, policy=policy),
     ]
     if settings.rate_limit:
         limiter = RateLimiter(settings.rate_limit, settings.rate_limit_storage)
         # Probes and scrapes are cheap and periodic: they never spend a caller's budget.
         exempt = policy.public_paths | {"/health", "/ready", "/metrics"}
-        middleware.append(Middleware(RateLimitMiddleware, limiter=limiter, public_paths=exempt))
+        middleware.append(Middleware(RateLimitMiddleware, limiter=limiter, public_paths=exempt,
+                                     free_get_prefixes=("/ui",) if settings.ui else ()))  # ui.app.PATH
     middleware.append(Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
                                  timeout=settings.body_timeout))
     middleware.append(Middleware(UnexpectedErrorMiddleware))  # innermost: see api/errors.py
@@ -98,6 +102,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.service = service
     app.state.supervisor = supervisor
     app.state.metrics = metrics
+    app.state.drain = drain
     app.state.engine_started = False
     app.state.started_at = int(time.time())
     install_error_handlers(app)

@@ -8,6 +8,7 @@ from ..pipeline.service import MediaInput, OcrCall
 from ..pipeline.tasks import match_prompt, parse_task
 from ..types import SamplingParams, Task
 from .protocol import (
+    MAX_TEXT_CHARS,
     ChatCompletionRequest,
     CompletionRequest,
     ImagePart,
@@ -85,8 +86,29 @@ def prompt_call(
     )
 
 
+def _cap_text(req: ChatCompletionRequest) -> None:
+    """Chat text as completions prompts are capped: each text (a string content or a text part) and all of
+    them together at most MAX_TEXT_CHARS characters (the wire models cap a prompt string the same)."""
+    total = 0
+    for i, message in enumerate(req.messages):
+        if isinstance(message.content, str):
+            texts = [(f"messages.{i}.content", message.content)]
+        else:
+            texts = [(f"messages.{i}.content.{j}.text", part.text)
+                     for j, part in enumerate(message.content or []) if part.type == "text"]
+        for param, text in texts:
+            if len(text) > MAX_TEXT_CHARS:
+                raise InvalidRequest(f"{param}: the text is longer than {MAX_TEXT_CHARS} characters", param=param,
+                                     code="text_too_long")
+            total += len(text)
+    if total > MAX_TEXT_CHARS:
+        raise InvalidRequest(f"the messages' text is longer than {MAX_TEXT_CHARS} characters in all",
+                             param="messages", code="text_too_long")
+
+
 def chat_call(req: ChatCompletionRequest, settings: Settings) -> OcrCall:
     refuse_engine_overrides(req)
+    _cap_text(req)
     if req.logprobs:
         raise InvalidRequest("logprobs are not supported", param="logprobs")
     system_parts: list[str] = []

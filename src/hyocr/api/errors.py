@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import HyocrError
+from ..errors import HyocrError, ServiceUnavailable
 from .limits import send_json_error
 
 log = logging.getLogger("hyocr.api")
@@ -63,6 +63,15 @@ def log_unexpected(request_id: str) -> str:
     return internal_message(request_id)
 
 
+def error_headers(exc: HyocrError) -> dict[str, str]:
+    """The headers an error response carries: the error's own, and for every 503 a ``Retry-After``
+    (the raiser's where it knows one, else the class default), so no code path can forget it."""
+    headers = dict(exc.headers or {})
+    if exc.status == 503 and not any(k.lower() == "retry-after" for k in headers):
+        headers["Retry-After"] = str(getattr(exc, "retry_after", ServiceUnavailable.retry_after))
+    return headers
+
+
 def hyocr_error_body(exc: HyocrError, request_id: str) -> tuple[int, dict]:
     if exc.public:
         return exc.status, error_body(exc.message, exc.type, exc.param, exc.code)
@@ -89,7 +98,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if not exc.public:
             log.error("request %s failed: %s: %s", rid, type(exc).__name__, exc.message)
         status, body = hyocr_error_body(exc, rid)
-        return JSONResponse(body, status_code=status, headers=exc.headers or None)
+        return JSONResponse(body, status_code=status, headers=error_headers(exc) or None)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -104,11 +113,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 503:
+            headers.setdefault("Retry-After", str(ServiceUnavailable.retry_after))
         return error_response(
             exc.status_code,
             message,
             _HTTP_TYPES.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "internal_error"),
-            headers=getattr(exc, "headers", None),
+            headers=headers or None,
         )
 
     @app.exception_handler(Exception)  # what escapes the outer middlewares (the inner one: below)

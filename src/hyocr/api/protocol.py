@@ -27,8 +27,14 @@ REFUSED_FIELDS = (
 )
 
 
+# The longest text a request may carry, in characters: any string field (a completions prompt), a chat
+# message's text part, and all of a chat request's text together (those two: api/convert.py). 1 M characters is hundreds of pages of text, far past any
+# model's context; more is a mistake or an attack, refused (400) before it reaches the engine.
+MAX_TEXT_CHARS = 1_000_000
+
+
 class WireModel(BaseModel):
-    model_config = ConfigDict(extra="allow", str_max_length=1_000_000)
+    model_config = ConfigDict(extra="allow", str_max_length=MAX_TEXT_CHARS)
 
     def refused_field(self) -> str | None:
         extra = self.model_extra or {}
@@ -73,7 +79,7 @@ class ImageURL(BaseModel):
 
 class TextPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: str  # capped at MAX_TEXT_CHARS by api/convert.py (here the message would name a union branch)
 
 
 class ImagePart(BaseModel):

@@ -2,7 +2,8 @@
 ``HYOCR_RATE_LIMIT_STORAGE=redis://...`` so that every replica counts against the same window.
 
 The caller is the identity the auth middleware found (an API key's digest name, a JWT subject), or
-the client IP when auth is off. Over the limit: 429 with Retry-After, before any body is read.
+the client IP when auth is off: behind ``TRUSTED_PROXIES`` the forwarded client's, not the proxy's
+(api/security.py resolves it whether or not auth is on). Over the limit: 429 with Retry-After, before any body is read.
 """
 
 from __future__ import annotations
@@ -38,13 +39,22 @@ class RateLimiter:
 
 
 class RateLimitMiddleware:
-    def __init__(self, app: ASGIApp, limiter: RateLimiter, public_paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, limiter: RateLimiter, public_paths: frozenset[str],
+                 free_get_prefixes: tuple[str, ...] = ()) -> None:
         self.app = app
         self.limiter = limiter
         self.public_paths = public_paths
+        # The web UI's reads (its page, scripts, styles, config, the event stream of a run, files shown) are
+        # ~90 requests a page load: they are not work. What does work there is a POST (an upload, a run).
+        self.free_get_prefixes = free_get_prefixes
+
+    def _free(self, scope: Scope) -> bool:
+        path = scope["path"]
+        return path in self.public_paths or (scope.get("method") in ("GET", "HEAD")
+                                             and path.startswith(self.free_get_prefixes))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.public_paths:
+        if scope["type"] != "http" or self._free(scope):
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})

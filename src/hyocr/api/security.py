@@ -172,11 +172,13 @@ class AuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         policy = self.auth.policy
+        if scope["type"] == "http" and policy.trusted_proxies:  # the real client, auth or not: rate limits
+            scope.setdefault("state", {})["client_ip"] = self.auth.client_ip(scope)  # key on it (ratelimit.py)
         if scope["type"] != "http" or not policy.enabled or scope["path"] in policy.public_paths:
             await self.app(scope, receive, send)
             return
-        ip = self.auth.client_ip(scope)
         state = scope.setdefault("state", {})
+        ip = state.get("client_ip") or self.auth.client_ip(scope)
         state["client_ip"] = ip
         try:
             principal = self.auth.identify(scope) if policy.requires_identity else f"ip:{ip}"

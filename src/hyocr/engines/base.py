@@ -54,6 +54,12 @@ class Engine(abc.ABC):
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         """Stream the output for one request. The last chunk has a ``finish_reason``."""
 
+    def expected_seconds(self, request: EngineRequest) -> float | None:
+        """How long ``request`` should take once the engine has started on it, for an engine that answers
+        in one piece (it signals the start with an empty chunk); None for an engine that streams, whose
+        progress is judged by the rhythm of its output (the stall watchdog, pipeline/progress.py)."""
+        return None
+
     async def abort(self, request_id: str) -> None:
         """Stop work on a request whose consumer went away. Idempotent."""
 

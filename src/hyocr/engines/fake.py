@@ -9,6 +9,7 @@ or per request with directives in the prompt text:
     [[fake:fail]]       raise an engine error before the first token
     [[fake:fail_mid]]   raise after the first token
     [[fake:hang]]       never answer (until cancelled)
+    [[fake:hang_mid]]   go silent after the first token (until cancelled)
     [[fake:loop]]       produce a repeating tail (for the loop guard)
     [[fake:delay=0.5]]  wait this long before the first token
 """
@@ -38,10 +39,12 @@ _DIRECTIVE = re.compile(r"\[\[fake:(\w+)(?:=([\d.]+))?\]\]")
 @dataclass(frozen=True, slots=True)
 class FakeScript:
     latency: float = 0.0  # seconds before the first token
+    start_delay: float = 0.0  # seconds start() takes (a model that loads or compiles)
     token_delay: float = 0.0  # seconds between tokens
     fail: bool = False
     fail_mid: bool = False
     hang: bool = False
+    hang_mid: bool = False
     loop: bool = False
     image_tokens: int = 64  # prompt tokens charged per image
 
@@ -87,6 +90,8 @@ class FakeEngine(Engine):
         return cls(FakeScript.parse(settings.model), model=settings.served_model_name or "fake-ocr")
 
     async def start(self) -> None:
+        if self.script.start_delay:
+            await asyncio.sleep(self.script.start_delay)
         self.started, self.crashed = True, False
         self.starts += 1
         self._stopped = asyncio.Event()
@@ -117,7 +122,7 @@ class FakeEngine(Engine):
         for name, value in _DIRECTIVE.findall(prompt):
             if name == "delay":
                 script = replace(script, latency=float(value or 0))
-            elif name in ("fail", "fail_mid", "hang", "loop"):
+            elif name in ("fail", "fail_mid", "hang", "hang_mid", "loop"):
                 script = replace(script, **{name: True})
         return script
 
@@ -142,6 +147,8 @@ class FakeEngine(Engine):
             for count, word in enumerate(words, start=1):
                 if count > 1 and script.fail_mid:
                     raise EngineError("fake engine failure mid-stream (scripted)")
+                if count > 1 and script.hang_mid:
+                    await self._wait_or_stopped(None)
                 if script.token_delay:
                     await self._wait_or_stopped(script.token_delay)
                 if count > max_tokens:

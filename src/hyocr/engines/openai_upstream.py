@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -187,9 +188,10 @@ class OpenAIUpstreamEngine(Engine):
             self.breaker.success()
             return InvalidRequest(f"the model server refused the request: {message}"[:400])
         self.breaker.failure()
-        if resp.status_code in _RETRY_STATUS:
+        if resp.status_code in _RETRY_STATUS:  # its own Retry-After goes on to the client (else the default)
+            wait = _retry_after(resp.headers.get("retry-after"))
             return ServiceUnavailable("the upstream server is overloaded", code="upstream_overloaded",
-                                      headers={"Retry-After": "1"})
+                                      headers={"Retry-After": wait} if wait else None)
         return EngineError(f"upstream answered {resp.status_code}: {message}")
 
     async def _read_stream(self, resp: httpx.Response) -> AsyncIterator[EngineChunk]:
@@ -231,6 +233,16 @@ def _backoff(attempt: int, retry_after: str | None) -> float:
     if retry_after and retry_after.strip().isdigit():
         return min(float(retry_after), 5.0)
     return 0.2 * (2**attempt)
+
+
+def _retry_after(value: str | None) -> str | None:
+    """An upstream's Retry-After in whole seconds (1 to an hour), or None when absent or unusable (an
+    HTTP date, garbage): the client then gets hyocr's default."""
+    try:
+        seconds = float((value or "").strip())
+    except ValueError:
+        return None
+    return str(math.ceil(min(seconds, 3600))) if seconds > 0 else None  # nan > 0 is False
 
 
 def _error_message(resp: httpx.Response) -> str:

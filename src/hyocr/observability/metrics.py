@@ -30,6 +30,9 @@ _ERROR_TYPES = {400: "invalid_request", 401: "authentication", 403: "permission"
                 503: "unavailable", 504: "timeout"}
 _ROUTES = frozenset({"/v1/ocr", "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready",
                      "/metrics"})
+# Probes and scrapes: counted in hyocr_requests_total (a /ready answering 503 is worth seeing), kept out of
+# the latency histogram, where a scrape every few seconds would drown the requests it is about.
+_UNTIMED = frozenset({"/health", "/ready", "/metrics"})
 
 
 class Metrics:
@@ -105,7 +108,8 @@ class Metrics:
         route = route if route in _ROUTES or route.startswith("/ui") else "other"
         route = "/ui" if route.startswith("/ui") else route
         self.requests.labels(route, str(status)).inc()
-        self.duration.labels(route).observe(seconds)
+        if route not in _UNTIMED:
+            self.duration.labels(route).observe(seconds)
         if status >= 400:
             self.errors.labels(_ERROR_TYPES.get(status, "other")).inc()
         if status == 504:

@@ -3,20 +3,37 @@
     MediaInput (bytes, base64 / data URL, or an http(s) URL when the server allows them)
       -> URLs fetched (SSRF-safe), base64 decoded with its size checked first
       -> one PDF (where the caller takes documents): rendered by the PDF workers, one page per selected page
-      -> images: decoded and validated on a thread
+      -> images: every header checked first (per image and per request), then each image decoded on a
+         thread within the process's decode budget and reduced at once to what the engine keeps
+         (pipeline/memory.py)
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, replace
+
+from PIL import Image
 
 from ..errors import InvalidRequest
 from ..observability.logs import record
 from ..observability.tracing import span
 from ..types import PageImage
 from .fetch import FetchPolicy, fetch_image
-from .media import MediaLimits, check_pdf_size, decode_base64, is_pdf, load_image
+from .media import (
+    ImageProbe,
+    MediaLimits,
+    check_pdf_size,
+    check_request_pixels,
+    decode_base64,
+    decode_cost,
+    decode_image,
+    is_pdf,
+    probe_image,
+    reduction_for,
+)
+from .memory import MemoryPolicy, decoded_within, tune_allocator
 from .pdf import PdfRenderer, RenderPlan
 
 
@@ -40,20 +57,32 @@ class PageRequest:
 
 class PageLoader:
     def __init__(self, limits: MediaLimits, fetch_policy: FetchPolicy, pdf: PdfRenderer, pdf_plan: RenderPlan,
-                 max_pages: int) -> None:
+                 max_pages: int, memory: MemoryPolicy | None = None) -> None:
         self.limits = limits
         self.fetch_policy = fetch_policy
         self.pdf = pdf  # worker processes start on the first PDF
         self.pdf_plan = pdf_plan
         self.max_pages = max_pages
+        # Without a policy (a loader built on its own) images are kept as decoded, unbudgeted; the service
+        # passes the engine's (OcrService.from_settings).
+        self.memory = memory or MemoryPolicy()
+        if memory is not None and memory.budget is not None:
+            tune_allocator()
 
-    async def load(self, media: tuple[MediaInput, ...], how: PageRequest) -> tuple[PageImage, ...]:
+    async def load(self, media: tuple[MediaInput, ...], how: PageRequest,
+                   timings: dict[str, float] | None = None) -> tuple[PageImage, ...]:
+        """The request's pages; ``timings`` (when given) gets ``fetch_ms``, the time spent fetching URLs."""
         if any(m.url for m in media):
+            started = time.perf_counter()
             with span("hyocr.fetch", images=sum(m.url for m in media)):
                 fetched = await asyncio.gather(*(
                     fetch_image(m.data, self.fetch_policy, param=m.param) if m.url else _same(m.data)
                     for m in media
                 ))
+            fetch_ms = round((time.perf_counter() - started) * 1000, 2)
+            record(fetch_ms=fetch_ms)
+            if timings is not None:
+                timings["fetch_ms"] = fetch_ms
             media = tuple(MediaInput(data, m.param) for data, m in zip(fetched, media, strict=True))
         with span("hyocr.decode", images=len(media)):
             if how.accept_pdf and len(media) == 1:
@@ -66,23 +95,48 @@ class PageLoader:
                 media = (MediaInput(raw, item.param),)
             if how.pages is not None:
                 raise InvalidRequest("pages selects pages of a PDF; this request has images", param="pages")
-            return await asyncio.to_thread(self._decode_all, media, how.accept_pdf)
+            probes = await asyncio.to_thread(self._probe_all, media, how.accept_pdf)
+            return await self._decode_all(probes)
 
     async def _render(self, raw: bytes, how: PageRequest, param: str) -> tuple[PageImage, ...]:
         check_pdf_size(raw, self.limits, param=param)
         plan = replace(self.pdf_plan, pages=how.pages, max_pages=self.max_pages, text_layer=how.text_layer)
         document = await self.pdf.render(raw, plan, param=param)
         record(pdf_bytes=len(raw), pdf_pages=document.page_count)
-        return document.pages
+        pages = document.pages
+        # Rendered at the engine's DPI already; only a detector's giant page (rendered up to the image pixel
+        # cap) is larger than what the engine reads: reduce it, as an image would be.
+        if any(p.image is not None and self.memory.keep.target(*p.image.size) for p in pages):
+            pages = await asyncio.to_thread(lambda: tuple(self._reduced(p) for p in pages))
+        return pages
 
-    def _decode_all(self, media: tuple[MediaInput, ...], accept_pdf: bool) -> tuple[PageImage, ...]:
-        pages = []
+    def _reduced(self, page: PageImage) -> PageImage:
+        target = self.memory.keep.target(*page.image.size) if page.image is not None else None
+        if target is None:
+            return page
+        image = page.image.resize(target, Image.Resampling.BICUBIC)
+        return replace(page, image=image, size=(page.width, page.height))
+
+    def _probe_all(self, media: tuple[MediaInput, ...], accept_pdf: bool) -> list[ImageProbe]:
+        """Every image's bytes and header checked, and their pixels together, before any is decoded."""
+        probes = []
         for i, item in enumerate(media):
-            raw = item.data if isinstance(item.data, bytes) else decode_base64(item.data, self.limits, param=item.param)
+            raw = item.data if isinstance(item.data, bytes) else decode_base64(item.data, self.limits,
+                                                                                 param=item.param)
             if accept_pdf and is_pdf(raw):
                 raise InvalidRequest("a PDF is read on its own: send one document per request, without other "
                                      "files", param=item.param)
-            pages.append(load_image(raw, self.limits, index=i, param=item.param))
+            probes.append(probe_image(raw, self.limits, index=i, param=item.param))
+        check_request_pixels(probes, self.limits)
+        return probes
+
+    async def _decode_all(self, probes: list[ImageProbe]) -> tuple[PageImage, ...]:
+        """One image at a time, each within the decode budget for as long as it is at full size."""
+        pages = []
+        for probe in probes:
+            stored = reduction_for(probe, self.memory.keep)
+            cost = decode_cost(probe, stored)
+            pages.append(await decoded_within(self.memory.budget, cost, decode_image, probe, stored))
         return tuple(pages)
 
 

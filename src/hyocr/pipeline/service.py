@@ -41,8 +41,10 @@ from .admission import Admission, Ticket
 from .fetch import FetchPolicy
 from .inputs import MediaInput, PageLoader, PageRequest
 from .media import MediaLimits
+from .memory import MemoryPolicy
 from .pages import build_page, cut_loops
 from .pdf import PdfRenderer, RenderPlan, page_without_engine
+from .progress import ProgressBoard
 from .tasks import build_prompt
 
 
@@ -82,6 +84,7 @@ class Prepared:
     pages: tuple[PageImage, ...]
     call: OcrCall
     decode_ms: float
+    fetch_ms: float = 0.0  # image URLs fetched (before decoding)
 
 
 class OcrService:
@@ -100,6 +103,8 @@ class OcrService:
         max_pages: int = 64,
         pdf: PdfRenderer | None = None,
         pdf_plan: RenderPlan | None = None,
+        stall_timeout: float = 120.0,
+        memory: MemoryPolicy | None = None,
     ) -> None:
         self.engine = engine
         self.max_images = max_images
@@ -109,8 +114,9 @@ class OcrService:
         self.admission = admission or Admission(max_concurrency=64, max_queue=256)
         self.request_timeout = request_timeout
         self.inputs = PageLoader(limits or MediaLimits(), fetch_policy or FetchPolicy(()), pdf or PdfRenderer(),
-                                 pdf_plan or RenderPlan.for_engine(engine.info.follows_prompts), max_pages)
-        self.last_progress = time.monotonic()  # when the engine last produced output (stall watchdog)
+                                 pdf_plan or RenderPlan.for_engine(engine.info.follows_prompts), max_pages,
+                                 memory or MemoryPolicy.for_engine(engine.info.follows_prompts))
+        self.progress = ProgressBoard(stall_timeout)  # each engine request's progress (the stall watchdog)
 
     @classmethod
     def from_settings(cls, engine: Engine, settings) -> OcrService:
@@ -128,6 +134,8 @@ class OcrService:
             pdf=PdfRenderer(workers=settings.pdf_workers, timeout=settings.pdf_render_timeout,
                             memory_mb=settings.pdf_worker_memory_mb),
             pdf_plan=RenderPlan.for_engine(engine.info.follows_prompts, settings),
+            stall_timeout=settings.stall_timeout,
+            memory=MemoryPolicy.for_engine(engine.info.follows_prompts, settings),
         )
 
     @property
@@ -246,10 +254,12 @@ class OcrService:
             )
         started = time.perf_counter()
         how = PageRequest(call.accept_pdf, call.pages, call.prefer_text_layer and task is Task.TEXT)
-        pages = await self.inputs.load(call.media, how)
+        times: dict[str, float] = {}
+        pages = await self.inputs.load(call.media, how, times)
+        decode_ms = (time.perf_counter() - started) * 1000 - times.get("fetch_ms", 0.0)  # fetch: its own stage
         record(images=len(pages), image_bytes=sum(p.source_bytes for p in pages),
                image_pixels=sum(p.width * p.height for p in pages), task=task.value,
-               decode_ms=round((time.perf_counter() - started) * 1000, 2))
+               decode_ms=round(decode_ms, 2))
         return Prepared(
             request_id=request_id or f"ocr-{uuid.uuid4().hex}",
             task=task,
@@ -257,7 +267,8 @@ class OcrService:
             prompt=prompt,
             pages=pages,
             call=call,
-            decode_ms=(time.perf_counter() - started) * 1000,
+            decode_ms=decode_ms,
+            fetch_ms=times.get("fetch_ms", 0.0),
         )
 
     def _sampling(self, call: OcrCall) -> SamplingParams:
@@ -290,6 +301,7 @@ class OcrService:
             groups = [(p,) for p in prep.pages]
         usage = Usage()
         finish = FinishReason.STOP
+        started = time.perf_counter()
         for n, group in enumerate(groups):
             last: EngineChunk | None = None
             first = True
@@ -308,6 +320,7 @@ class OcrService:
                 finish = last.finish_reason or FinishReason.STOP
             if finish is not FinishReason.STOP:
                 break
+        record(engine_ms=round((time.perf_counter() - started) * 1000, 2))
         yield EngineChunk(
             finish_reason=finish,
             prompt_tokens=usage.prompt_tokens,
@@ -338,10 +351,20 @@ class OcrService:
         wanted = self.loop_guard if request.sampling.loop_guard is None else request.sampling.loop_guard
         guard = postprocess.LoopGuard() if wanted and self.engine.info.follows_prompts else None
         started = time.perf_counter()
+        watch = self.progress.enter(request.request_id, self.engine.expected_seconds(request))
         stream = self.engine.generate(request)
         try:
-            async for chunk in stream:
-                self.last_progress = time.monotonic()
+            while True:
+                self.progress.wait(watch)
+                try:
+                    chunk = await anext(stream)
+                except StopAsyncIteration:
+                    break
+                except asyncio.CancelledError:
+                    if (failure := self.progress.failure_for(watch)) is None:
+                        raise
+                    raise failure from None
+                self.progress.got(watch)
                 if chunk.text or chunk.blocks:
                     record_first(ttft_s=time.perf_counter() - started)
                 if guard is not None and chunk.text and guard.feed(chunk.text):
@@ -354,6 +377,7 @@ class OcrService:
                     return
                 yield chunk
         finally:
+            self.progress.leave(watch)
             await stream.aclose()
             await self.engine.abort(request.request_id)
 
@@ -419,7 +443,7 @@ class OcrService:
             "decode_ms": round(prep.decode_ms, 2),
             "engine_ms": round((engine_done - started) * 1000 - post_ms, 2),
             "postprocess_ms": round(post_ms, 2),
-            "total_ms": round(prep.decode_ms + (engine_done - started) * 1000, 2),
+            "total_ms": round(prep.fetch_ms + prep.decode_ms + (engine_done - started) * 1000, 2),
         }
         record(prompt_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
                repetition_stops=sum(r.finish_reason is FinishReason.REPETITION for r in results),

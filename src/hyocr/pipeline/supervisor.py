@@ -2,10 +2,15 @@
 
 A health check that only says "the process is up" is how servers end up answering 200 on /health
 while every request fails. The supervisor probes the engine itself once a second (``engine.ready()``:
-vLLM's own dead-engine flag, the transformers worker thread, the upstream's /models), and watches
-progress: requests in flight but no token from the engine for ``stall_timeout`` seconds means a
-stalled engine. Either way, readiness goes false, the engine is stopped (in-flight requests fail at
-once with a JSON error instead of hanging) and started again, with backoff if that fails.
+vLLM's own dead-engine flag, the transformers worker thread, the upstream's /models), and reads the
+service's progress board (pipeline/progress.py), which judges progress per engine request:
+
+- a request the engine went silent on (or overtook) while others flow is failed alone (503
+  ``engine_stalled`` with Retry-After, its engine work aborted); the engine keeps serving;
+- every request in the engine overdue, or a failed probe: readiness goes false, the in-flight requests
+  fail at once with a retryable 503 (``engine_restarting``), the engine is stopped and started again,
+  with backoff if that fails.
+Start-up, idle time and the work before the engine (PDF rendering, fetches, decoding) are never counted.
 
 An engine this process cannot restart (``restartable`` False: one of several API processes sharing a
 vLLM engine core that the parent owns) makes the process exit non-zero instead; the parent then stops
@@ -20,6 +25,7 @@ import os
 import time
 
 from ..engines.base import Engine
+from .progress import restarting_error, stalled_error
 
 log = logging.getLogger("hyocr.supervisor")
 
@@ -62,9 +68,15 @@ class EngineSupervisor:
         os._exit(code)  # no normal exit: a client of a dead engine core can block it
 
     def stalled(self) -> bool:
-        if not self.stall_timeout or self.service.admission.in_flight == 0:
-            return False
-        return time.monotonic() - self.service.last_progress > self.stall_timeout
+        """Fail the requests hung alone; True when the whole engine makes no progress."""
+        board = self.service.progress
+        hung, engine_stalled = board.check()
+        for watch in hung:
+            log.warning("engine request %s made no progress for %.0fs while others did: aborted",
+                        watch.request_id, time.monotonic() - watch.since)
+            board.hung += 1
+            board.fail(watch, stalled_error(time.monotonic() - watch.since))
+        return engine_stalled
 
     async def _watch(self) -> None:
         backoff = 1.0
@@ -72,7 +84,7 @@ class EngineSupervisor:
             await asyncio.sleep(self.interval)
             problem = None
             if self.stalled():
-                problem = f"no progress for {self.stall_timeout:g}s with requests in flight"
+                problem = f"no progress on any of its requests for {self.stall_timeout:g}s"
             elif not await self.healthy():
                 problem = "the engine's readiness probe failed"
             if problem is None:
@@ -88,6 +100,12 @@ class EngineSupervisor:
         """Stop (failing in-flight requests) and start the engine again. True when it came back."""
         self.restarting = True
         self.last_failure = reason
+        # The requests in the engine fail now with a retryable error, rather than with whatever the
+        # engine's stop does to them (an engine error, a 500) or a wait for their deadline; new ones
+        # get the same until the engine is back.
+        board = self.service.progress
+        board.restarting = reason
+        board.fail_all(lambda watch: restarting_error(reason))
         if not self.engine.restartable:
             log.critical("engine %s unhealthy (%s) and owned by the parent process: exiting", self.engine.info.name,
                          reason)
@@ -107,7 +125,6 @@ class EngineSupervisor:
             started = time.monotonic()
             await self.engine.start()
             self.restarts += 1
-            self.service.last_progress = time.monotonic()
             log.warning("engine %s restarted in %.1fs (restart #%d)", self.engine.info.name,
                         time.monotonic() - started, self.restarts)
             return True
@@ -116,3 +133,4 @@ class EngineSupervisor:
             return False
         finally:
             self.restarting = False
+            board.restarting = None

@@ -13,7 +13,9 @@ import logging
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,7 @@ from . import render
 from .examples import write_examples
 from .runner import stream_run, until_set
 from .style import CSS
+from .uploads import UploadCache, UploadGuard, UploadRules, remove_file
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
@@ -44,9 +47,31 @@ log = logging.getLogger("hyocr.ui")
 PATH = "/ui"
 CONCURRENCY = 16  # UI runs at once; the engine queues or batches them like API requests
 
+# A refused upload (ui/uploads.py) answers the API's JSON error; Gradio's page shows a failed upload's
+# body in its error toast as "HTTP 415: {...}": show just the message (it names the file).
+_TIDY_UPLOAD_ERRORS = """<script>
+(() => {
+  const tidy = (root) => {
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let node; (node = walker.nextNode());) {
+      const match = /^\\s*HTTP \\d{3}: (\\{[\\s\\S]*\\})\\s*$/.exec(node.data);
+      if (!match || !node.parentElement || !node.parentElement.closest('[data-testid="toast-body"]')) continue;
+      try {
+        const error = JSON.parse(match[1]).error;
+        if (error && typeof error.message === "string") node.data = error.message;
+      } catch (_) { /* not an API error: leave it */ }
+    }
+  };
+  new MutationObserver((changes) => changes.forEach((change) => {
+    const target = change.type === "characterData" ? change.target.parentNode : change.target;
+    if (target) tidy(target);
+  })).observe(document.documentElement, {childList: true, subtree: true, characterData: true});
+})();
+</script>"""
 # An inline icon: browsers ask for /favicon.ico otherwise, which the API answers 404.
 _HEAD = ('<link rel="icon" href="data:image/svg+xml,<svg xmlns=%22http://www.w3.org/2000/svg%22 '
-         'viewBox=%220 0 100 100%22><text y=%22.9em%22 font-size=%2290%22>🔍</text></svg>">')
+         'viewBox=%220 0 100 100%22><text y=%22.9em%22 font-size=%2290%22>🔍</text></svg>">'
+         + _TIDY_UPLOAD_ERRORS)
 INSTRUCTIONS = """\
 **1.** Upload an image (PNG, JPEG, WebP, BMP or TIFF; several files are read as pages) or a PDF, or pick an example.
 **2.** Choose a task. **3.** Press **Run**: text appears as it is read, then boxes, tables and fields.
@@ -71,28 +96,79 @@ def ui_auth(settings: Settings) -> Callable[[Request], str | None] | None:
 
 
 def mount_ui(app: FastAPI, service: OcrService, settings: Settings) -> None:
-    """Mount the UI at /ui on ``app`` (and send / there). Call once, from ``build_app``."""
-    from fastapi.responses import RedirectResponse
+    """Mount the UI at /ui on ``app`` (and send / there). Call once, from ``build_app``.
 
-    blocks = build_ui(service, settings)
-    gr.mount_gradio_app(
-        app, blocks, path=PATH, auth_dependency=ui_auth(settings),
-        footer_links=[], run_history=False, show_error=False, mcp_server=False, ssr_mode=False, pwa=False,
-        max_file_size=max(settings.max_image_bytes, settings.max_pdf_bytes), css=CSS, head=_HEAD,
-        theme=gr.themes.Soft(primary_hue="indigo"),
-    )
+    Uploads pass ``UploadGuard`` (ui/uploads.py: the API's size and format rules, the upload space cap)
+    before Gradio stores them. The app's working folder (examples, result files) and what Gradio cached
+    for it are deleted when the app shuts down (or, for an app never started, when it is collected)."""
+    from fastapi.responses import RedirectResponse
+    from starlette.routing import Mount
+
+    workdir = Path(tempfile.mkdtemp(prefix="hyocr-ui-"))
+    try:
+        blocks = build_ui(service, settings, workdir)
+        gr.mount_gradio_app(
+            app, blocks, path=PATH, auth_dependency=ui_auth(settings),
+            footer_links=[], run_history=False, show_error=False, mcp_server=False, ssr_mode=False, pwa=False,
+            max_file_size=max(settings.max_image_bytes, settings.max_pdf_bytes), css=CSS, head=_HEAD,
+            theme=gr.themes.Soft(primary_hue="indigo"),
+        )
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    mount = next(r for r in app.router.routes if isinstance(r, Mount) and r.path == PATH)
+    cache = UploadCache(blocks, settings.ui_upload_cache_bytes)
+    mount.app = UploadGuard(mount.app, UploadRules.from_settings(settings), cache)
+    app.state.ui_uploads, app.state.ui_workdir = cache, workdir
+    _clean_up_at_shutdown(app, blocks, workdir)
     app.add_api_route("/", lambda: RedirectResponse(PATH + "/"), include_in_schema=False)
     log.info("web UI at http://%s:%d%s", settings.host, settings.port, PATH)
 
 
-def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
+def _clean_up_at_shutdown(app: FastAPI, blocks: gr.Blocks, workdir: Path) -> None:
+    """After the app's lifespan (Gradio's included: it deletes the files it cached for this app, but not
+    the examples it keeps, nor their folders): the examples, the emptied folders and ``workdir``."""
+    inner = app.router.lifespan_context
+    weakref.finalize(app, shutil.rmtree, str(workdir), True)  # never started: when collected, or at exit
+
+    def tracked() -> set[str]:
+        return {path for files in list(blocks.temp_file_sets) for path in list(files)}
+
+    @asynccontextmanager
+    async def lifespan(a):
+        cached: set[str] = set()
+        try:
+            async with inner(a) as state:
+                yield state
+                cached = tracked()  # before Gradio empties its sets
+        finally:
+            for path in cached | tracked():
+                remove_file(path)
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    app.router.lifespan_context = lifespan
+
+
+def _touch(paths: list[str]) -> None:
+    """An upload's age (Gradio's expiry and the upload space's eviction go by ctime) counts from its last use."""
+    for p in paths:
+        try:
+            os.utime(p)
+        except OSError:
+            pass
+
+
+def build_ui(service: OcrService, settings: Settings, workdir: Path) -> gr.Blocks:
     info = service.engine.info
-    workdir = Path(tempfile.mkdtemp(prefix="hyocr-ui-"))
     examples = write_examples(workdir / "examples")
     base_url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}"
     extensions = sorted({f".{e}" for fmt in settings.image_formats for e in _EXTENSIONS.get(fmt, (fmt,))} | {".pdf"})
 
-    with gr.Blocks(title="hyocr · HunyuanOCR", analytics_enabled=False, delete_cache=(3600, 3600)) as ui:
+    # Gradio deletes the files it cached for this app once UI_UPLOAD_TTL has passed since their last use
+    # (checked every tenth of it, at most every minute), and all of them when the app stops.
+    ttl = settings.ui_upload_ttl
+    with gr.Blocks(title="hyocr · HunyuanOCR", analytics_enabled=False,
+                   delete_cache=(max(1, min(60, ttl // 10)), ttl)) as ui:
         state = gr.State(None)  # the finished run: result, its /v1/ocr body, page previews
         gr.HTML(
             '<div class="hy-header"><h1>hyocr <span>HunyuanOCR in your browser</span></h1>'
@@ -179,11 +255,15 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
             if not paths:
                 return {image: None, pages: gr.Textbox(visible=False),
                         status: render.status_html("Upload an image and press Run.")}
+            _touch(paths)
             try:
                 first, what, document = await _check_upload(paths, service)
             except HyocrError as exc:
                 return {image: None, pages: gr.Textbox(visible=False),
                         status: render.status_html(_message(exc, [Path(p).name for p in paths]), "error")}
+            except FileNotFoundError:
+                return {image: None, pages: gr.Textbox(visible=False),
+                        status: render.status_html(_GONE, "error")}
             return {image: render.preview(first)[0], pages: gr.Textbox(visible=document),
                     status: render.status_html(f"{what} ready: choose a task and press Run.")}
 
@@ -200,8 +280,13 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
                 return
             chosen = Task(task_value)
             media = []
-            for p in paths:
-                media.append(MediaInput(await asyncio.to_thread(Path(p).read_bytes), param=Path(p).name))
+            _touch(paths)
+            try:
+                for p in paths:
+                    media.append(MediaInput(await asyncio.to_thread(Path(p).read_bytes), param=Path(p).name))
+            except FileNotFoundError:
+                yield {status: render.status_html(_GONE, "error")}
+                return
             document = len(media) == 1 and is_pdf(media[0].data)
             call = OcrCall(
                 media=tuple(media), task=chosen,
@@ -248,11 +333,11 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
             result = last.result
             body = ocr_body(result)
             previews = await asyncio.to_thread(
-                lambda: [render.draw_boxes(p.image, r.blocks) if p.image is not None else None
+                lambda: [render.draw_boxes(p.image, r.blocks, size=(p.width, p.height)) if p.image is not None else None
                          for p, r in zip(last.pages, result.pages, strict=True)])
             snapshot = {"result": result, "body": body, "previews": previews}
             saved = workdir / "results" / f"{result.id}.json"
-            saved.parent.mkdir(exist_ok=True)
+            saved.parent.mkdir(parents=True, exist_ok=True)
             saved.write_text(json.dumps(body, ensure_ascii=False, indent=2), encoding="utf-8")
             many = len(previews) > 1
             yield {
@@ -277,8 +362,14 @@ def build_ui(service: OcrService, settings: Settings) -> gr.Blocks:
         stop.click(on_stop, None, None, api_visibility="private", queue=False)
         nav.change(show_page, [state, nav], view, api_visibility="private", show_progress="hidden",
                    concurrency_limit=None)
-    _cleanup_at_exit(workdir)
+    # What the build cached (the examples) stays while the app runs: Gradio's expiry and the upload
+    # space's eviction skip what a rendered component keeps (the examples' own keep-list is on copies).
+    files.keep_in_cache.update(path for cached in ui.temp_file_sets for path in cached)
     return ui
+
+
+_GONE = ("The uploaded file is no longer on the server (uploads are kept for a while after their last use): "
+         "upload it again.")
 
 
 _EXTENSIONS = {"PNG": ("png",), "JPEG": ("jpg", "jpeg"), "WEBP": ("webp",), "BMP": ("bmp",),
@@ -361,9 +452,3 @@ def _summary(body: dict) -> tuple[str, str]:
         why = " and ".join({"length": "the token limit", "repetition": "a repeating output"}[c] for c in cut)
         return f"Done: {what}{where} in {total / 1000:.1f} s, cut short by {why}.", "warn"
     return f"Done: {what}{where} in {total / 1000:.1f} s.", "ok"
-
-
-def _cleanup_at_exit(folder: Path) -> None:
-    import atexit
-
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)

@@ -57,22 +57,26 @@ def preview(image: Image.Image, max_side: int = PREVIEW_MAX_SIDE) -> tuple[Image
 
 
 def draw_boxes(image: Image.Image, blocks: Iterable[TextBlock], *, max_side: int = PREVIEW_MAX_SIDE,
-               colour: tuple[int, int, int] = BOX_COLOUR) -> Image.Image:
+               colour: tuple[int, int, int] = BOX_COLOUR, size: tuple[int, int] | None = None) -> Image.Image:
     """The page (downscaled to ``max_side``) with each block's quad or box outlined over a light tint.
 
-    Boxes are in pixels of the original page, so they are scaled with it; box-less blocks (model
-    text without coordinates) are skipped. The input image is not modified.
+    Boxes are in pixels of the original page (``size``, when ``image`` was reduced from it), so they are
+    scaled with it; box-less blocks (model text without coordinates) are skipped. The input image is not
+    modified.
     """
     page, scale = preview(image.convert("RGB"), max_side)
+    sx = sy = scale
+    if size is not None and size[0] and size[1]:  # per axis: a reduction to a 32-pixel grid moves the ratio
+        sx, sy = scale * image.width / size[0], scale * image.height / size[1]
     overlay = Image.new("RGBA", page.size, (0, 0, 0, 0))
     draw = ImageDraw.Draw(overlay)
     width = max(2, round(max(page.size) / 400))
     for block in blocks:
         if block.polygon and len(block.polygon) >= 3:
-            points = [(x * scale, y * scale) for x, y in block.polygon]
+            points = [(x * sx, y * sy) for x, y in block.polygon]
         elif block.box is not None:
-            x1, y1, x2, y2 = (v * scale for v in block.box)
-            points = [(x1, y1), (x2, y1), (x2, y2), (x1, y2)]
+            x1, y1, x2, y2 = block.box
+            points = [(x1 * sx, y1 * sy), (x2 * sx, y1 * sy), (x2 * sx, y2 * sy), (x1 * sx, y2 * sy)]
         else:
             continue
         draw.polygon(points, fill=(*colour, 40))

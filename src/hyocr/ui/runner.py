@@ -112,7 +112,7 @@ async def stream_run(service: OcrService, call: OcrCall, *, every: float = 0.05)
             "first_text_ms": round((first_text - started) * 1000, 2) if first_text else None,
             "engine_ms": round(elapsed - post_ms, 2),
             "postprocess_ms": round(post_ms, 2),
-            "total_ms": round(prep.decode_ms + elapsed, 2),
+            "total_ms": round(prep.fetch_ms + prep.decode_ms + elapsed, 2),
         },
     )
     yield Snapshot(prep.request_id, prep.pages, len(prep.pages) - 1, done[-1].text, tuple(done), result)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from ...errors import ServiceUnavailable
 from .deps import service_of
 
 router = APIRouter(tags=["health"])
@@ -27,7 +28,9 @@ async def ready(request: Request) -> JSONResponse:
         body["reason"] = "waiting for the server's other API processes"
     elif not ok and supervisor.last_failure:
         body["reason"] = "restarting" if supervisor.restarting else "engine unhealthy"
-    return JSONResponse(body, status_code=200 if ok else 503)
+    if ok:
+        return JSONResponse(body)
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(ServiceUnavailable.retry_after)})
 
 
 @router.get("/metrics", summary="Prometheus metrics (HYOCR_PUBLIC_METRICS=true to scrape without a key)")

@@ -18,6 +18,7 @@ from ..convert import chat_call, completion_call
 from ..disconnect import unless_disconnected
 from ..protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from ..render import hyocr_meta, openai_finish, sse_stream, usage_body
+from ..serving import exposure
 from .deps import service_of, settings_of
 
 router = APIRouter(tags=["openai"])
@@ -156,6 +157,8 @@ async def models(request: Request) -> dict:
             },
             *adapters,
         ],
+        # How the server is reachable and guarded; "warning" when it listens beyond loopback unguarded.
+        "hyocr": exposure(settings_of(request)),
     }
 
 

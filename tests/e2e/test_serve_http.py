@@ -1,0 +1,98 @@
+"""``hyocr serve`` and ``hyocr ocr`` as a user runs them (issue 15, items 4 and 6): the HTTP parser's 400 in
+JSON on the default parser, the loud warning of a server exposed without auth, pages named from 1."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+
+import requests
+from pdfs import text_pdf
+from servers import serve_process
+
+HYOCR = [sys.executable, "-m", "hyocr"]
+MALFORMED = {
+    "nul in a header": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Bad: a\x00b\r\n\r\n",
+    "cr in a header": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Bad: a\rb\r\n\r\n",
+    "bad content-length": b"POST /v1/ocr HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    "content-length not a number": b"POST /v1/ocr HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n",
+    "oversized request line": b"GET /health?" + b"a" * 200_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    "not HTTP": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 hello, TLS\r\n\r\n",
+}
+
+
+def _serve(*args: str) -> tuple[subprocess.Popen, str]:
+    return serve_process("--engine", "fake", "--no-ui", *args, env={"HYOCR_LOG_FORMAT": "json"})
+
+
+def _stop(proc: subprocess.Popen) -> list[dict]:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return [json.loads(line) for line in proc.stdout.read().splitlines() if line.startswith("{")]
+
+
+def _raw(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        out = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while chunk := sock.recv(65536):
+                out += chunk
+        return out
+
+
+def test_malformed_http_gets_the_apis_json_400():
+    proc, url = _serve()
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        for name, data in MALFORMED.items():
+            reply = _raw(port, data)
+            head, _, body = reply.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 400"), (name, reply[:300])
+            headers = {k.strip().lower(): v.strip() for k, _, v in
+                       (line.partition(b":") for line in head.split(b"\r\n")[1:])}
+            assert headers[b"content-type"] == b"application/json", name
+            assert len(headers[b"x-request-id"]) == 32 and headers[b"connection"] == b"close", name
+            error = json.loads(body)["error"]
+            assert error["type"] == "invalid_request_error" and error["code"] == "bad_http_request", name
+        assert requests.get(f"{url}/health", timeout=5).status_code == 200  # the server is unharmed
+    finally:
+        lines = _stop(proc)
+    assert not [line for line in lines if line["level"] == "error"]
+    # bound to loopback: no exposure warning
+    assert not [line for line in lines if "beyond loopback" in line["message"]]
+
+
+def test_a_server_exposed_without_auth_warns_at_start_and_in_v1_models():
+    proc, url = _serve("--host", "0.0.0.0")
+    try:
+        info = requests.get(f"{url}/v1/models", timeout=10).json()["hyocr"]
+    finally:
+        lines = _stop(proc)
+    assert info["exposed"] is True and info["auth"] is False and "beyond loopback" in info["warning"]
+    warnings = [line for line in lines if line["level"] == "warning" and "beyond loopback" in line["message"]]
+    assert len(warnings) == 1 and "HYOCR_API_KEYS" in warnings[0]["message"]
+    started = next(i for i, line in enumerate(lines) if "Uvicorn running" in line["message"])
+    assert lines.index(warnings[0]) < started  # said before it serves
+
+
+def test_hyocr_ocr_names_pages_from_1_as_pages_does(tmp_path):
+    path = tmp_path / "five.pdf"
+    path.write_bytes(text_pdf([[f"PAGE {i}"] for i in range(1, 6)], page_size=(300, 200)))
+    done = subprocess.run([*HYOCR, "ocr", str(path), "--engine", "fake", "--task", "vqa", "--question",
+                           "[[fake:fail]] q", "--pages", "2-3"], check=False, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == ["[page 2]", "[page 2: the engine failed on this page]",
+                     "[page 3]", "[page 3: the engine failed on this page]"], lines
+    as_json = subprocess.run([*HYOCR, "ocr", str(path), "--engine", "fake", "--task", "text", "--pages", "2-3",
+                              "--json"], check=False, capture_output=True, text=True, timeout=180)
+    assert [p["index"] for p in json.loads(as_json.stdout)["pages"]] == [1, 2]  # the API's 0-based index
