@@ -44,7 +44,7 @@ VARIANTS = {
     "processes": "--preprocess processes",
     "vllm-vit": "--vision-encoder vllm",  # vLLM's image-by-image encoder (hyocr's default: batched)
     "hf-pixels": "--no-fast-pixels",  # transformers' image processor (hyocr's default: its fast path)
-    "session1": "--vision-encoder vllm --no-fast-pixels --stream-interval 1",  # hyocr's 2026-11-30 defaults
+    "session1": "--vision-encoder vllm --no-fast-pixels --stream-interval 1",  # per-image ViT, HF pixels, a delta per token
     "noasync": '--vllm-args {"async_scheduling":false}',
     "kvfraction": "--expected-tokens 0",  # vLLM's KV sizing (92% of the GPU), all else hyocr's
     "gil1ms": "--gil-switch-interval 0.001",
@@ -125,7 +125,7 @@ def gpu_trace(path: Path, interval_ms: int = 250):
 
 def port_free(port: int) -> bool:
     """Nothing listens there. A server left over from an interrupted run would otherwise answer /ready
-    and be measured in the new target's name (it happened on 2026-12-01: benchmarks/NOTES.md, session 4)."""
+    and be measured in the new target's name."""
     import socket
 
     with socket.socket() as sock:

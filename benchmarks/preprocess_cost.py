@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from hyocr.bench.workload import Workload  # noqa: E402
-from hyocr.engines.hunyuan import PixelBounds, fit_image  # noqa: E402
+from hyocr.hunyuan.geometry import PixelBounds, fit_image  # noqa: E402
 from hyocr.types import PageImage  # noqa: E402
 
 TEXT = "<｜hy_place▁holder▁no▁100｜><｜hy_place▁holder▁no▁102｜><｜hy_place▁holder▁no▁101｜>提取图中的文字。"

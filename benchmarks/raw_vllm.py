@@ -20,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from hyocr.bench import report  # noqa: E402
 from hyocr.bench.load import GpuMemorySampler, Sample, default_requests, summarize  # noqa: E402
 from hyocr.bench.workload import Workload  # noqa: E402
-from hyocr.engines.hunyuan import IMAGE_PLACEHOLDER  # noqa: E402
-from hyocr.engines.vllm import IMAGE_END, IMAGE_START, apply_version_workarounds, hunyuan_backend  # noqa: E402
+from hyocr.engines.vllm.compat import apply_version_workarounds, hunyuan_backend  # noqa: E402
+from hyocr.engines.vllm.engine import IMAGE_END, IMAGE_START  # noqa: E402
+from hyocr.hunyuan.chat import IMAGE_PLACEHOLDER  # noqa: E402
 
 
 async def main() -> None:

@@ -9,7 +9,7 @@ MLP 4304), for a card (1024x640: 2560 patches) and a page (1600x1200: 100x75 = 7
    and the same two captured in a CUDA graph. The graph replay is the GPU's own time (no Python, no
    launch gaps): the floor for this encoder.
 2. vLLM's own HunYuanVisionTransformer (vLLM 0.12-0.31): its forward (layers run image by image)
-   against hyocr's batched forward (engines/vllm_vision.py) for 1 and 8 images a pass, with the
+   against hyocr's batched forward (engines/vllm/vision.py) for 1 and 8 images a pass, with the
    largest difference between their outputs.
 
 Median of repeated timings after warm-up, with CUDA events around each region. FLOP counts: 2 x
@@ -112,13 +112,13 @@ def vllm_native(results: dict) -> None:
 
     parallel_state.init_distributed_environment(1, 0, f"file://{tempfile.mktemp()}", 0, "nccl")
     parallel_state.initialize_model_parallel(1, 1)
-    # vLLM's custom ops read the current config when built and when called (seen: 2026-12-01 run).
+    # vLLM's custom ops read the current config when built and when called: both need one set.
     with set_current_vllm_config(VllmConfig()):
         _vllm_native(results, HunYuanVisionTransformer, HunYuanVLVisionConfig)
 
 
 def _vllm_native(results: dict, HunYuanVisionTransformer, HunYuanVLVisionConfig) -> None:  # noqa: N803
-    from hyocr.engines import vllm_vision
+    from hyocr.engines.vllm import vision as vllm_vision
 
     torch.set_default_dtype(torch.bfloat16)
     visual = HunYuanVisionTransformer(HunYuanVLVisionConfig(out_hidden_size=1024)).cuda().eval()
@@ -156,7 +156,7 @@ def rounding_against_float32(visual, stock, grids: list[list[int]]) -> dict:
     close to float32). Max |difference| over max |float32 output|, per forward."""
     import copy
 
-    from hyocr.engines import vllm_vision
+    from hyocr.engines.vllm import vision as vllm_vision
 
     pixels = torch.randn(sum(t * h * w for t, h, w in grids), 3 * 16 * 16, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():

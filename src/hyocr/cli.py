@@ -164,47 +164,29 @@ def serve(settings: Settings) -> int:
     import uvicorn
 
     from .api.app import build_app
-    from .api.serving import Server, warn_if_exposed
+    from .api.serving import warn_if_exposed
+    from .server.uvicorn import Server, uvicorn_options
 
     if settings.gil_switch_interval:
         sys.setswitchinterval(settings.gil_switch_interval)
     warn_if_exposed(settings)
     if settings.api_processes > 1:  # several front ends sharing one vLLM engine core
-        from .engines.vllm_frontends import serve as serve_frontends
+        from .server.processes import serve as serve_processes
 
-        return serve_frontends(settings)
+        return serve_processes(settings)
     app = build_app(settings)
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the
     # process's previous handler. A no-op handler there makes a drained stop exit 0, as
     # supervisors (systemd, Kubernetes) expect of a clean shutdown.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    # uvicorn.Server, not uvicorn.run: the server tells the app when the drain starts (api/serving.py).
+    # uvicorn.Server, not uvicorn.run: the server tells the app when the drain starts (server/uvicorn.py).
     server = Server(uvicorn.Config(app, host=settings.host, port=settings.port, **uvicorn_options(settings)),
                     drain=app.state.drain)
     server.run()
     if not server.started:  # the lifespan failed (the engine did not start), as uvicorn.run reports it
         return 3
     return 0
-
-
-def uvicorn_options(settings: Settings) -> dict:
-    """How hyocr runs uvicorn, in one process or in each of several (engines/vllm_frontends.py)."""
-    from .api.serving import SHUTDOWN_GRACE, http_protocol
-
-    return {
-        "log_level": settings.log_level,
-        "log_config": None,  # keep the handlers set up above (JSON lines)
-        "access_log": False,  # hyocr writes its own access line (observability/logs.py)
-        # The app answers what is still running at DRAIN_TIMEOUT (api/serving.py); uvicorn cancels what
-        # ignored that a little later.
-        "timeout_graceful_shutdown": settings.drain_timeout + SHUTDOWN_GRACE,
-        # The parser's 400 for malformed HTTP in the API's JSON shape (api/serving.py).
-        "http": http_protocol(),
-        # hyocr believes X-Forwarded-For only from HYOCR_TRUSTED_PROXIES (api/security.py); uvicorn's
-        # own proxy handling would rewrite the client address before hyocr could judge it.
-        "proxy_headers": False,
-    }
 
 
 def run_remote_ocr(args: argparse.Namespace) -> int:
@@ -269,12 +251,12 @@ class _Progress:
 def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
     if args.url:
         return run_remote_ocr(args)
-    from .api.render import ocr_body
+    from .api.bodies import ocr_body
     from .engines.registry import create_engine
     from .errors import HyocrError
-    from .pipeline.service import MediaInput, OcrCall, OcrService
-    from .pipeline.tasks import parse_task
-    from .types import OcrResult
+    from .hunyuan.prompts import parse_task
+    from .pipeline.service import OcrService
+    from .types import MediaInput, OcrCall, PageRead, ReadDone
 
     fields = tuple(f.strip() for f in (args.fields or "").split(",") if f.strip())
 
@@ -295,19 +277,19 @@ def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
                                target_language=args.language, question=args.question, accept_pdf=True,
                                **(_pdf_options(args) if _is_pdf(data) else {}))
                 try:
-                    prep, done = await service.prepare(call), 0
+                    # The service's one stream: admitted and under the request deadline, as on the server.
                     with _Progress(path) as progress:
-                        async for item in service.run_pages(prep):  # pages as they finish, then the result
-                            if isinstance(item, OcrResult):
-                                result = item
-                            else:
-                                done += 1
-                                progress.page(item, done, len(prep.pages))
+                        async for event in service.read(call):  # pages as they finish, then the result
+                            if isinstance(event, ReadDone):
+                                result = event.result
+                            elif isinstance(event, PageRead):
+                                progress.page(event.page, event.completed, event.total)
                 except HyocrError as exc:
                     out.failed(path, exc.message if exc.public else "internal error")
                     continue
                 out.result(path, ocr_body(result))
         finally:
+            service.close()
             await engine.stop()
         return out.finish()
 

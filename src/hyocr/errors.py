@@ -7,8 +7,10 @@
     +-- AuthenticationFailed (401)
     +-- Forbidden (403)
     +-- NotFound (404)
+    +-- BodyTimeout (408)                      the request body did not arrive in time
     +-- PayloadTooLarge (413)                  body, image bytes or pixels over a cap
     +-- UnsupportedMediaType (415)             a format outside the allowlist
+    +-- UnprocessableDocument (422)            a PDF that could not be rendered in time or crashed the renderer
     +-- RateLimited (429)
     +-- ServiceUnavailable (503)               engine not ready, overloaded, circuit open
     +-- GatewayTimeout (504)                   request deadline passed

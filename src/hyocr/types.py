@@ -14,7 +14,7 @@ from PIL import Image
 
 
 class Task(str, enum.Enum):
-    """What the user wants from a page. Each task has an official HunyuanOCR prompt (pipeline.tasks)."""
+    """What the user wants from a page. Each task has an official HunyuanOCR prompt (hunyuan.prompts)."""
 
     SPOTTING = "spotting"  # text lines with boxes
     TEXT = "text"  # plain text
@@ -194,3 +194,110 @@ class OcrResult:
         if all(p.markdown is None for p in self.pages):
             return None
         return "\n\n".join(p.markdown for p in self.pages if p.markdown)
+
+
+# ------------------------------------------------------------------ a call to the service, and what it yields
+
+
+@dataclass(frozen=True, slots=True)
+class MediaInput:
+    """One image or document as it arrived: raw bytes (upload) or a base64 / data-URL string."""
+
+    data: bytes | str
+    param: str = "image"  # where it came from, for error messages
+    url: bool = False  # data is an http(s) URL to fetch (only when the server allows URLs)
+
+
+@dataclass(frozen=True, slots=True)
+class OcrCall:
+    """Everything one request asks for. Immutable; built by a route (api/convert.py), the UI or the CLI."""
+
+    media: tuple[MediaInput, ...]
+    task: Task = Task.TEXT
+    fields: tuple[str, ...] = ()
+    single_key: bool = False  # "输出 Key 的值。": the model answers with the bare value, not JSON
+    target_language: str = "en"
+    question: str | None = None
+    prompt_language: str | None = None
+    # Chat clients send their own prompt text: an engine that follows prompts gets it verbatim.
+    prompt: str | None = None
+    system: str = ""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    model: str | None = None  # the client's model name: selects a LoRA adapter when it names one
+    # /v1/ocr asks for a task explicitly (unsupported -> 400); chat clients get the closest task
+    # the engine can run (text) and are told which one ran.
+    strict_task: bool = True
+    # PDF documents, where the caller takes them (/v1/ocr, the UI, the CLI; chat routes take images)
+    accept_pdf: bool = False
+    pages: str | None = None  # "2-5,8": the PDF pages to read (1-based); None: all
+    prefer_text_layer: bool = False  # task text: a PDF page's own text, when reliable, instead of OCR
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated call: the task that will run, its prompt, and the decoded pages."""
+
+    request_id: str
+    task: Task
+    requested_task: Task
+    prompt: str
+    pages: tuple[PageImage, ...]
+    call: OcrCall
+    model: str  # the name responses carry (the adapter's when the call selected one)
+    decode_ms: float
+    fetch_ms: float = 0.0  # image URLs fetched (before decoding)
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """First event of a read or a chat: the call was admitted and its pages are ready."""
+
+    prep: Prepared
+
+
+@dataclass(frozen=True, slots=True)
+class PageText:
+    """Text of the page being read, as the engine writes it (``OcrService.read(..., deltas=True)``)."""
+
+    position: int  # in ``prep.pages``
+    text: str
+    blocks: tuple[TextBlock, ...] = ()  # a detector hands its blocks with their text
+
+
+@dataclass(frozen=True, slots=True)
+class PageRead:
+    """A page finished (pages finish in any order unless read with deltas)."""
+
+    position: int  # in ``prep.pages``
+    page: PageResult
+    completed: int  # pages finished so far
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadDone:
+    """The last event of a read: the whole result, pages in page order."""
+
+    result: OcrResult
+
+
+@dataclass(frozen=True, slots=True)
+class ChatText:
+    """A chat's text as the engine writes it (all images in one prompt, or one after another)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChatDone:
+    """The last event of a chat. ``text`` is the whole answer with a looping tail cut (filled for a
+    whole-answer chat only); ``finish_reason`` what the engine (or the loop guard) ended with."""
+
+    finish_reason: FinishReason
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    text: str = ""
+
+
+ReadEvent = Started | PageText | PageRead | ReadDone
+ChatEvent = Started | ChatText | ChatDone

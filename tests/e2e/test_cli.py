@@ -135,3 +135,14 @@ def test_serve_sets_the_gil_switch_interval_before_serving(monkeypatch):
         for s, handler in handlers.items():
             signals.signal(s, handler)
     assert seen["interval"] == pytest.approx(0.001)
+
+
+def test_ocr_command_honours_the_request_deadline_like_the_server(tmp_path):
+    # In-process, the CLI reads through the service's one stream: admitted, and timed from admission.
+    path = tmp_path / "card.png"
+    card().image.save(path)
+    started = time.monotonic()
+    done = _run("ocr", str(path), "--engine", "fake", "--model", "latency=30", "--request-timeout", "1",
+                "--task", "text")
+    assert done.returncode == 1 and "took longer than 1s" in done.stderr, done.stderr
+    assert time.monotonic() - started < 25  # not the engine's 30 s

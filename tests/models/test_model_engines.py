@@ -14,7 +14,7 @@ import pytest
 import requests
 from imaging import card, render, Line
 
-from hyocr.engines.hunyuan import visual_tokens
+from hyocr.hunyuan.geometry import visual_tokens
 
 CARD = card()
 CARD_URL = "data:image/png;base64," + base64.b64encode(CARD.png()).decode()
@@ -145,7 +145,7 @@ def test_models_endpoint_reports_engine_and_checkpoint(model_server, tiny_checkp
 
 
 def test_vllm_engine_process_loads_hyocrs_worker_extension(vllm_server):
-    """The extension (engines/vllm_vision.py) is imported inside vLLM's engine process and answers the
+    """The extension (engines/vllm/vision.py) is imported inside vLLM's engine process and answers the
     engine's RPC: on vLLM 0.32+ (HunYuanVL through transformers) it reports leaving the encoder alone."""
     details = _client(vllm_server).models.list().data[0].model_extra["hyocr"]
     assert "transformers backend" in details["vision_encoder"] or "encoder active" in details["vision_encoder"]
@@ -207,7 +207,7 @@ def test_images_processed_in_worker_processes_give_the_same_output(vllm_server, 
         pids = server.engine.process_renderer.pids()
         assert len(pids) == 2 and all(psutil.pid_exists(pid) for pid in pids)
         # Every image the workers prepare has a name of its own: the engine's encoder cache goes by it.
-        from hyocr.engines.vllm_preprocess import _render
+        from hyocr.engines.vllm.preprocess import _render
         from hyocr.types import EngineRequest, PageImage, Task
 
         request = EngineRequest("names", Task.TEXT, TEXT_PROMPT, (PageImage(card().image),))
@@ -242,7 +242,7 @@ def test_vllm_kv_cache_is_sized_from_the_workload(vllm_server, tiny_checkpoint):
     import torch
     from prometheus_client.parser import text_string_to_metric_families
 
-    from hyocr.engines.vllm_tuning import kv_cache_bytes
+    from hyocr.engines.vllm.tuning import kv_cache_bytes
 
     config = json.loads((tiny_checkpoint / "config.json").read_text())
     expected = kv_cache_bytes(config, max_num_seqs=8, expected_tokens=1024, max_model_len=8192, dtype="bfloat16")

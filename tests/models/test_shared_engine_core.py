@@ -25,7 +25,7 @@ import pytest
 from PIL import Image, ImageDraw
 from servers import free_port
 
-# A start can take up to three engine loads (engines/vllm_frontends.py, START_ATTEMPTS).
+# A start can take up to three engine loads (server/processes.py, START_ATTEMPTS).
 pytestmark = pytest.mark.timeout(900)
 
 
@@ -187,7 +187,7 @@ def test_two_processes_serve_one_engine_and_drain_on_sigterm(server):
 def test_a_dead_engine_core_stops_the_whole_server(server):
     assert server.ocr().status_code == 200
     parent = psutil.Process(server.proc.pid)
-    # A start attempt given up (engines/vllm_frontends.py, START_ATTEMPTS) leaves no zombie behind.
+    # A start attempt given up (server/processes.py, START_ATTEMPTS) leaves no zombie behind.
     kids = parent.children()
     assert len(_living(kids)) == len(kids)
     cores = [p for p in _living(parent.children(recursive=True)) if "EngineCore" in _command(p)]

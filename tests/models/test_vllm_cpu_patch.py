@@ -1,4 +1,4 @@
-"""engines/vllm_cpu.py: HunYuanVL's patch merger feeds its ``mlp`` a permuted tensor, which vLLM's CPU
+"""engines/vllm/cpu.py: HunYuanVL's patch merger feeds its ``mlp`` a permuted tensor, which vLLM's CPU
 linear kernels refuse; the fix makes that input contiguous.
 
 transformers' real merger module, built from the tiny checkpoint's vision config, with its ``mlp``
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from hyocr.engines import vllm_cpu
+from hyocr.engines.vllm import cpu as vllm_cpu
 
 GRID = (6, 8)  # patches (h, w) of one image: a 96x128 image at 16-pixel patches
 

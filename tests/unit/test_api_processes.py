@@ -19,10 +19,12 @@ import textwrap
 import pytest
 
 from hyocr.config import SettingsError, load_settings
+from hyocr.engines.base import SharedEngine
 from hyocr.engines.fake import FakeEngine
-from hyocr.engines.vllm_frontends import SharedEngineCore, close_in_forks, process_settings
+from hyocr.engines.vllm.shared_core import SharedEngineCore
 from hyocr.pipeline.service import OcrService
 from hyocr.pipeline.supervisor import EngineSupervisor
+from hyocr.server.processes import close_in_forks, process_settings
 
 
 def test_several_api_processes_need_the_vllm_engine():
@@ -73,7 +75,7 @@ def test_a_shared_engine_core_is_connected_to_once():
         core.connect({"model": "m"})
 
 
-class _SharedFake(FakeEngine):
+class _SharedFake(FakeEngine, SharedEngine):
     restartable = False
 
 
@@ -130,7 +132,7 @@ def test_a_killed_start_attempt_leaves_no_zombie():
 
     import psutil
 
-    from hyocr.engines.vllm_frontends import Launched
+    from hyocr.server.processes import Launched
 
     proc = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
     proc.start()
@@ -143,7 +145,7 @@ def test_a_killed_start_attempt_leaves_no_zombie():
 def test_a_launch_that_fails_half_way_is_stopped_and_not_retried(monkeypatch):
     """The engine core dies while loading (a bad checkpoint, no memory): what was started is stopped,
     and the outcome is a failure, not a start to try again (that would load the model three times)."""
-    from hyocr.engines import vllm_frontends
+    from hyocr.server import processes as vllm_frontends
 
     stopped = []
 
@@ -171,7 +173,7 @@ def test_ready_waits_for_every_api_process():
     import httpx
     from servers import LiveServer
 
-    class Peered(FakeEngine):
+    class Peered(FakeEngine, SharedEngine):
         peers = False
 
         def peers_ready(self) -> bool:

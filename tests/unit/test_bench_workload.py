@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hyocr.bench.workload import SIZES, Workload
-from hyocr.engines.hunyuan import visual_tokens
+from hyocr.hunyuan.geometry import visual_tokens
 from hyocr.pipeline.pdf import RenderPlan, default_token_budget
 
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import HunYuanVLImageProcessorPil  # noqa: E402
 
-from hyocr.engines import hunyuan_pixels  # noqa: E402
+from hyocr.engines.vllm import pixels as hunyuan_pixels  # noqa: E402
 
 
 @pytest.fixture

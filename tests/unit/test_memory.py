@@ -19,10 +19,11 @@ import pdfs
 import pytest
 from PIL import Image
 
-from hyocr.engines.hunyuan import PixelBounds, fit_image, smart_resize
 from hyocr.errors import PayloadTooLarge, ServiceUnavailable
+from hyocr.hunyuan.geometry import PixelBounds, fit_image, smart_resize
 from hyocr.pipeline.fetch import FetchPolicy
-from hyocr.pipeline.inputs import MediaInput, PageLoader, PageRequest
+from hyocr.pipeline.inputs import PageLoader, PageRequest
+from hyocr.types import MediaInput
 from hyocr.pipeline.media import (
     MediaLimits,
     decode_cost,

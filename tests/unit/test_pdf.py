@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from hyocr.config import SettingsError, load_settings
-from hyocr.engines.hunyuan import PixelBounds, smart_resize, visual_tokens
 from hyocr.errors import InvalidRequest, PayloadTooLarge
+from hyocr.hunyuan.geometry import PixelBounds, smart_resize, visual_tokens
 from hyocr.pipeline.pdf import RenderPlan, default_token_budget
 from hyocr.pipeline.pdf_worker import (
     choose_dpi,

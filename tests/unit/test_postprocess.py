@@ -6,15 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hyocr.pipeline.postprocess import (
-    LoopGuard,
-    markdown_from_document,
-    normalized_box_to_pixels,
-    parse_spotting,
-    to_spotting_text,
-    trim_repetition,
-)
-from hyocr.pipeline.fields import extract_json, fields_from_json
+from hyocr.hunyuan.extraction import extract_json, fields_from_json
+from hyocr.hunyuan.markdown import markdown_from_document
+from hyocr.hunyuan.spotting import normalized_box_to_pixels, parse_spotting, to_spotting_text
+from hyocr.pipeline.postprocess import LoopGuard, trim_repetition
 from hyocr.types import TextBlock
 
 # ---- spotting ------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hyocr.errors import InvalidRequest
-from hyocr.pipeline.tasks import (
+from hyocr.hunyuan.prompts import (
     PROMPTS,
     TASK_DESCRIPTIONS,
     PromptMatch,

@@ -10,10 +10,11 @@ import pytest
 from imaging import to_bytes
 from PIL import Image
 
-from hyocr.api.render import ocr_body
+from hyocr.api.bodies import ocr_body
 from hyocr.engines.fake import FakeEngine, FakeScript
 from hyocr.errors import EngineError, InvalidMedia
-from hyocr.pipeline.service import MediaInput, OcrCall, OcrService
+from hyocr.pipeline.service import OcrService, result_of
+from hyocr.types import MediaInput, OcrCall
 from hyocr.types import EngineChunk, EngineRequest, Task
 from hyocr.ui.runner import stream_run, until_set
 
@@ -45,7 +46,7 @@ async def test_a_run_streams_then_gives_the_same_pages_as_the_api(task, extra):
     assert first.text == "" and len(first.pages) == 1 and first.result is None
     texts = [s.text for s in middle]
     assert len(texts) >= 3 and all(b.startswith(a) for a, b in itertools.pairwise(texts))  # growing, in order
-    expected = await service.run(await service.prepare(call))
+    expected = await result_of(service.read(call))
     got = last.result
     assert got is not None and got.task is task and got.usage == expected.usage
     for mine, theirs in zip(got.pages, expected.pages, strict=True):

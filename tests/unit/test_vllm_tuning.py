@@ -7,8 +7,8 @@ import json
 import pytest
 
 from hyocr.config import load_settings
-from hyocr.engines.vllm import vllm_engine_args
-from hyocr.engines.vllm_tuning import kv_bytes_per_token, kv_cache_bytes, preprocess_workers, size_engine
+from hyocr.engines.vllm.engine import vllm_engine_args
+from hyocr.engines.vllm.tuning import kv_bytes_per_token, kv_cache_bytes, preprocess_workers, size_engine
 
 # HunyuanOCR 1.0's language model as the hub's flat config.json spells it (HUNYUANOCR.md).
 HUB_CONFIG = {"num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,

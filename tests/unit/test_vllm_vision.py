@@ -1,4 +1,4 @@
-"""The batched HunYuanVL vision forward (engines/vllm_vision.py) against the image-by-image one.
+"""The batched HunYuanVL vision forward (engines/vllm/vision.py) against the image-by-image one.
 
 vLLM's native HunYuanVL modules exist only in vLLM <= 0.31 (CUDA builds); the CPU test stack has vLLM
 0.32. So the layers here are small torch modules with the same call signatures as vLLM's (QKV and
@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hyocr.engines import vllm_vision  # noqa: E402
+from hyocr.engines.vllm import vision as vllm_vision  # noqa: E402
 
 WIDTH, HEADS = 32, 4
 

@@ -70,7 +70,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             app.state.engine_started = False
             await supervisor.stop()
             await engine.stop()
-            service.inputs.pdf.close()  # the PDF render workers go with the server
+            service.close()  # the PDF render workers go with the server
 
     # Outermost first: every response gets a request id; then who is calling (401/403), how often
     # (429), and how much they send (413) are settled before any route reads the body.

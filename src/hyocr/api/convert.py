@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from ..config import Settings
 from ..errors import InvalidRequest
-from ..pipeline.service import MediaInput, OcrCall
-from ..pipeline.tasks import match_prompt, parse_task
-from ..types import SamplingParams, Task
+from ..hunyuan.prompts import match_prompt, parse_task
+from ..types import MediaInput, OcrCall, SamplingParams, Task
 from .protocol import (
     MAX_TEXT_CHARS,
     ChatCompletionRequest,

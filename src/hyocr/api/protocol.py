@@ -7,9 +7,18 @@ client reach into the engine (chat templates, processor kwargs): those are refus
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+    model_serializer,
+)
 
 # Fields some OpenAI-compatible servers accept that would let a client change the prompt template
 # or the image processor. Never passed on (SECURITY.md).
@@ -143,14 +152,43 @@ class OcrJsonRequest(SamplingFields):
     stream: bool = Field(False, description="server-sent events: one per page as it finishes, then the result")
 
 
-class Block(BaseModel):
+# ---------------------------------------------------------------- the /v1/ocr result
+
+# A number as the engine gave it: FastAPI's ``response_model`` rendering (mode="json") writes it as a float,
+# as the schema says; ``api.bodies`` (mode="python": SSE, the CLI, the UI's download) keeps an int an int.
+Number = Annotated[float, WrapValidator(lambda v, handler: v if type(v) is int else handler(v))]
+
+
+class ResultModel(BaseModel):
+    """A part of the /v1/ocr result. ``omit_when_absent`` fields are left out of the body ``api.bodies``
+    builds (context ``{"omit_absent": True}``) when None or an empty list; rendered without that context
+    (FastAPI's ``response_model``), every field is there, null when absent."""
+
+    omit_when_absent: ClassVar[tuple[str, ...]] = ()
+
+    # No return annotation: pydantic would take it as the serialization schema (OpenAPI's response schema).
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo):
+        data = handler(self)
+        if info.context and info.context.get("omit_absent"):
+            for name in self.omit_when_absent:
+                if data.get(name) in (None, []):
+                    data.pop(name, None)
+        return data
+
+
+class Block(ResultModel):
+    omit_when_absent = ("polygon",)
+
     text: str
-    box: list[float] | None = Field(None, description="[x1, y1, x2, y2] in pixels of the original image")
-    score: float | None = None
-    polygon: list[list[float]] | None = None
+    box: list[Number] | None = Field(None, description="[x1, y1, x2, y2] in pixels of the original image")
+    score: Number | None = None
+    polygon: list[list[Number]] | None = None
 
 
-class Page(BaseModel):
+class Page(ResultModel):
+    omit_when_absent = ("markdown", "fields", "error", "dpi", "source")
+
     index: int
     width: int
     height: int
@@ -171,7 +209,12 @@ class UsageInfo(BaseModel):
     total_tokens: int = 0
 
 
-class OcrResponse(BaseModel):
+class OcrResponse(ResultModel):
+    """The /v1/ocr body; with stream=true, each page first comes as ``{"id", "object": "ocr.page", "page",
+    "completed", "total"}`` (pages in the order they finish), then this."""
+
+    omit_when_absent = ("markdown",)
+
     id: str
     object: Literal["ocr.result"] = "ocr.result"
     created: int
@@ -183,17 +226,8 @@ class OcrResponse(BaseModel):
     markdown: str | None = Field(None, description="document parsing: the pages' markdown joined")
     pages: list[Page]
     usage: UsageInfo
-    timings: dict[str, float]
-
-
-class OcrPageEvent(BaseModel):
-    """stream=true: one event per page, in the order pages finish; the last event is the OcrResponse."""
-
-    id: str
-    object: Literal["ocr.page"] = "ocr.page"
-    page: Page
-    completed: int = Field(description="pages finished so far, this one included")
-    total: int
+    timings: dict[str, Number | None] = Field(description="stage -> milliseconds (the web UI's first_text_ms: "
+                                              "null when no text came)")
 
 
 class ErrorDetail(BaseModel):

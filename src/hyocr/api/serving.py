@@ -1,19 +1,15 @@
-"""How hyocr is served by uvicorn, where uvicorn's own behaviour would break the API's promises.
+"""What the app does about how it is served: the drain deadline's answers and the exposure warning.
 
 - **Drain deadline.** On SIGTERM uvicorn stops accepting, waits ``timeout_graceful_shutdown`` for the
   requests in flight, then cancels them: a request not yet answered got uvicorn's plain-text 500 (no
   ``X-Request-ID``) and the log an "Exception in ASGI application" traceback. Here the server tells the
-  app when it starts stopping (``Server.shutdown`` -> ``Drain.begin``); at ``DRAIN_TIMEOUT`` the
-  ``DrainMiddleware`` cancels what is still running itself and answers it: a JSON 503 ``shutting_down``
-  with ``Retry-After`` when nothing was sent yet; a server-sent event stream of the API gets an error
-  event and ``[DONE]`` and ends cleanly; any other response under way is ended where it stands (its
-  status line has gone). uvicorn's own cancellation stays, ``SHUTDOWN_GRACE`` seconds later, for work that
-  ignores cancellation.
-- **Malformed HTTP.** What the HTTP parser refuses (a NUL or CR in a header, a bad Content-Length, a
-  header block past h11's size limit) never reaches the app: uvicorn answers it with a plain-text 400. The
-  protocol classes here answer the same 400 in the API's JSON shape instead, with an ``X-Request-ID``
-  (``send_400_response`` is the one method they replace; tests/integration/test_serving_errors.py runs
-  both parsers).
+  app when it starts stopping (server/uvicorn.py: ``Server.shutdown`` -> ``Drain.begin``); at
+  ``DRAIN_TIMEOUT`` the ``DrainMiddleware`` cancels what is still running itself and answers it: a JSON 503
+  ``shutting_down`` with ``Retry-After`` when nothing was sent yet; a server-sent event stream of the API
+  gets an error event and ``[DONE]`` and ends cleanly; any other response under way is ended where it
+  stands (its status line has gone). uvicorn's own cancellation stays, ``SHUTDOWN_GRACE`` seconds later,
+  for work that ignores cancellation.
+- **Malformed HTTP** is uvicorn's side: server/uvicorn.py answers the parser's 400 in the API's JSON shape.
 - **Exposure.** A server listening beyond loopback with neither keys nor an IP allowlist says so.
 """
 
@@ -23,9 +19,7 @@ import asyncio
 import ipaddress
 import json
 import logging
-import uuid
 
-import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ServiceUnavailable
@@ -34,8 +28,6 @@ from .limits import send_json_error
 
 log = logging.getLogger("hyocr.serving")
 
-# uvicorn cancels what is left this long after DRAIN_TIMEOUT (the app answers at DRAIN_TIMEOUT).
-SHUTDOWN_GRACE = 2.0
 _SHUTTING_DOWN = "the server is shutting down; retry the request"
 
 
@@ -127,75 +119,6 @@ async def _answer_cut(scope: Scope, send: Send, sent: dict) -> None:
         await send({"type": "http.response.body", "body": body, "more_body": True})
     if not sent["length"]:  # chunked: it can end here; a response with a length can only be cut off
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-class Server(uvicorn.Server):
-    """uvicorn's server, telling the app's ``Drain`` when it starts stopping."""
-
-    def __init__(self, config: uvicorn.Config, drain: Drain | None = None) -> None:
-        super().__init__(config)
-        self.drain = drain
-
-    async def shutdown(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
-        if self.drain is not None:
-            self.drain.begin()
-        await super().shutdown(sockets=sockets)
-
-
-# ---------------------------------------------------------------- malformed HTTP as JSON
-
-
-def _json_400(message: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-    body = json.dumps({"error": {"message": f"malformed HTTP request: {message}", "type": "invalid_request_error",
-                                 "param": None, "code": "bad_http_request"}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"x-request-id", uuid.uuid4().hex.encode()), (b"connection", b"close")]
-    return body, headers
-
-
-_PARSER_MESSAGE = "the HTTP parser refused it (e.g. a control character in a header, a bad Content-Length)"
-
-
-def http_protocol() -> type:
-    """The HTTP protocol class uvicorn's ``auto`` would pick (httptools where installed, else h11), with
-    the parser's 400 answered in JSON."""
-    try:
-        import httptools  # noqa: F401
-    except ImportError:
-        return h11_protocol()
-    return httptools_protocol()
-
-
-def httptools_protocol() -> type:
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
-        def send_400_response(self, msg: str) -> None:
-            body, headers = _json_400(_PARSER_MESSAGE)
-            content = [b"HTTP/1.1 400 Bad Request\r\n"]
-            for name, value in [*self.server_state.default_headers, *headers]:
-                content.extend([name, b": ", value, b"\r\n"])
-            content.extend([b"\r\n", body])
-            self.transport.write(b"".join(content))
-            self.transport.close()
-
-    return JsonErrorHttpToolsProtocol
-
-
-def h11_protocol() -> type:
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class JsonErrorH11Protocol(H11Protocol):
-        def send_400_response(self, msg: str) -> None:
-            body, headers = _json_400(_PARSER_MESSAGE)
-            event = h11.Response(status_code=400, headers=headers, reason=b"Bad Request")
-            self.transport.write(self.conn.send(event))
-            self.transport.write(self.conn.send(event=h11.Data(data=body)))
-            self.transport.write(self.conn.send(event=h11.EndOfMessage()))
-            self.transport.close()
-
-    return JsonErrorH11Protocol
 
 
 # ---------------------------------------------------------------- exposure

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageDraw, ImageFont
 
+
 def a4_size() -> tuple[int, int]:
     """An A4 page (595 x 842 pt) at the DPI hyocr's PDF reader picks for HunyuanOCR at the default pixel
     bounds and visual-token budget (208 dpi: 1720 x 2433, 4106 visual tokens)."""

@@ -31,9 +31,6 @@ class Engine(abc.ABC):
     """Base class for engines. Subclasses set ``info`` and implement ``generate``."""
 
     info: EngineInfo
-    # False where the engine's process cannot start it again (one of several API processes sharing a
-    # vLLM engine core that the parent owns): the supervisor then exits the process instead.
-    restartable: bool = True
 
     async def start(self) -> None:
         """Load models / connect. Called once before serving."""
@@ -43,11 +40,6 @@ class Engine(abc.ABC):
 
     async def ready(self) -> bool:
         """True when the engine can answer a request now (loaded, alive)."""
-        return True
-
-    def peers_ready(self) -> bool:
-        """True when the server's other processes serving this engine are up too (/ready waits for them;
-        the supervisor does not: a process waiting for its peers is healthy)."""
         return True
 
     @abc.abstractmethod
@@ -65,3 +57,19 @@ class Engine(abc.ABC):
 
     def supports(self, task: Task) -> bool:
         return task in self.info.tasks
+
+
+class SharedEngine(Engine):
+    """An engine that may be one of several API processes' clients of an engine core another process owns
+    (vLLM with ``API_PROCESSES`` > 1). The supervisor and ``/ready`` ask these two things of it only."""
+
+    @property
+    def restartable(self) -> bool:
+        """False where this process cannot start the engine again (the core belongs to the parent): the
+        supervisor then exits the process instead of restarting the engine."""
+        return True
+
+    def peers_ready(self) -> bool:
+        """True when the server's other processes serving this engine are up too (/ready waits for them;
+        the supervisor does not: a process waiting for its peers is healthy)."""
+        return True

@@ -23,10 +23,11 @@ import httpx
 
 from ..config import SettingsError
 from ..errors import EngineError, HyocrError, InvalidRequest, ServiceUnavailable
+from ..hunyuan.chat import chat_messages, data_url, sampling_kwargs
+from ..hunyuan.geometry import PixelBounds, fit_image
 from ..types import EngineChunk, EngineRequest, FinishReason
 from .base import Engine, EngineInfo
 from .circuit import CircuitBreaker
-from .hunyuan import PixelBounds, chat_messages, data_url, fit_image, sampling_kwargs
 from .registry import ALL_TASKS
 
 if TYPE_CHECKING:

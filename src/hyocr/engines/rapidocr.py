@@ -25,7 +25,7 @@ from PIL import Image
 
 from ..config import SettingsError
 from ..errors import EngineError, ServiceUnavailable, UnsupportedTask
-from ..pipeline.postprocess import to_spotting_text
+from ..hunyuan.spotting import to_spotting_text
 from ..types import EngineChunk, EngineRequest, FinishReason, Task, TextBlock
 from .base import Engine, EngineInfo
 from .registry import OCR_ONLY_TASKS

@@ -40,7 +40,7 @@ ENGINES: dict[str, EngineSpec] = {
         ),
         EngineSpec(
             "vllm",
-            "hyocr.engines.vllm:VllmEngine",
+            "hyocr.engines.vllm.engine:VllmEngine",
             ALL_TASKS,
             "vllm",
             "HunyuanOCR on vLLM's async engine in-process: paged KV cache, continuous batching",

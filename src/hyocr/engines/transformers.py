@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import SettingsError
 from ..errors import InvalidRequest, ServiceUnavailable, engine_failure
+from ..hunyuan.chat import sampling_defaults
+from ..hunyuan.geometry import PixelBounds, fit_image
 from ..types import EngineChunk, EngineRequest, FinishReason, SamplingParams
 from .base import Engine, EngineInfo
-from .hunyuan import PixelBounds, fit_image, sampling_defaults
 from .registry import ALL_TASKS
 
 if TYPE_CHECKING:
@@ -62,10 +63,6 @@ class IncrementalDecoder:
         self.ids: list[int] = []
         self.prefix = 0
         self.read = 0
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        return self.flush()
 
     def add(self, token: int) -> None:
         self.ids.append(token)

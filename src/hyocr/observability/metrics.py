@@ -4,7 +4,7 @@ The access-log middleware is the one place a finished request is counted, from w
 recorded for it (observability/logs.py ``record``), so the log line and the counters never disagree.
 GPU gauges come from NVML (nvidia-ml-py) when a GPU exists, and are absent, not faked, otherwise.
 
-With several API processes (``API_PROCESSES``, engines/vllm_frontends.py) prometheus_client runs in
+With several API processes (``API_PROCESSES``, server/processes.py) prometheus_client runs in
 its multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by vLLM's launcher before the processes
 start): every process writes its values to files there and a scrape of any one of them reports the
 sums over all. Gauges computed at scrape time (``set_function``) cannot work across processes, so

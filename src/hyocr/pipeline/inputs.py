@@ -19,7 +19,7 @@ from PIL import Image
 from ..errors import InvalidRequest
 from ..observability.logs import record
 from ..observability.tracing import span
-from ..types import PageImage
+from ..types import MediaInput, PageImage
 from .fetch import FetchPolicy, fetch_image
 from .media import (
     ImageProbe,
@@ -38,12 +38,13 @@ from .pdf import PdfRenderer, RenderPlan
 
 
 @dataclass(frozen=True, slots=True)
-class MediaInput:
-    """One image or document as it arrived: raw bytes (upload) or a base64 / data-URL string."""
+class Preview:
+    """The first page of what was sent, and how much there is (``PageLoader.preview``)."""
 
-    data: bytes | str
-    param: str = "image"  # where it came from, for error messages
-    url: bool = False  # data is an http(s) URL to fetch (only when the server allows URLs)
+    first: PageImage
+    images: int  # images sent (1 for a PDF)
+    pdf: bool
+    pages: int  # pages to read: the images, or the PDF's page count
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,23 @@ class PageLoader:
         if any(p.image is not None and self.memory.keep.target(*p.image.size) for p in pages):
             pages = await asyncio.to_thread(lambda: tuple(self._reduced(p) for p in pages))
         return pages
+
+    async def preview(self, media: tuple[MediaInput, ...]) -> Preview:
+        """What a read of ``media`` would find, checked by the same rules (limits, decoder, renderer), at
+        the cost of one page: every image's header, and the first page decoded (or rendered)."""
+        first = media[0]
+        raw = first.data if isinstance(first.data, bytes) else await asyncio.to_thread(
+            decode_base64, first.data, self.limits, param=first.param,
+            max_bytes=max(self.limits.max_image_bytes, self.limits.max_pdf_bytes))
+        if is_pdf(raw):
+            if len(media) > 1:
+                raise InvalidRequest("a PDF is read on its own: upload one PDF, or images", param=first.param)
+            check_pdf_size(raw, self.limits, param=first.param)
+            document = await self.pdf.render(raw, replace(self.pdf_plan, pages="1", max_pages=1), param=first.param)
+            return Preview(document.pages[0], 1, True, document.page_count)
+        probes = await asyncio.to_thread(self._probe_all, (MediaInput(raw, first.param), *media[1:]), True)
+        (page,) = await self._decode_all(probes[:1])
+        return Preview(page, len(probes), False, len(probes))
 
     def _reduced(self, page: PageImage) -> PageImage:
         target = self.memory.keep.target(*page.image.size) if page.image is not None else None

@@ -53,7 +53,7 @@ class KeepSize:
     def for_engine(cls, follows_prompts: bool, settings=None) -> KeepSize:
         if not follows_prompts:
             return cls(max_side=DETECTOR_MAX_SIDE)
-        from ..engines.hunyuan import MAX_PIXELS, MIN_PIXELS
+        from ..hunyuan.geometry import MAX_PIXELS, MIN_PIXELS
 
         if settings is None:
             return cls(bounds=(MIN_PIXELS, MAX_PIXELS))
@@ -65,7 +65,7 @@ class KeepSize:
             min_pixels, max_pixels = self.bounds
             if width * height <= max_pixels:
                 return None
-            from ..engines.hunyuan import PixelBounds, smart_resize
+            from ..hunyuan.geometry import PixelBounds, smart_resize
 
             try:
                 h, w = smart_resize(height, width, PixelBounds(min_pixels, max_pixels))

@@ -6,8 +6,10 @@ every path turns the same output into the same page.
 
 from __future__ import annotations
 
+from ..hunyuan import extraction
+from ..hunyuan.markdown import markdown_from_document
+from ..hunyuan.spotting import parse_spotting
 from ..types import FinishReason, PageImage, PageResult, Task, TextBlock, Usage
-from . import fields as extraction
 from . import postprocess
 
 TRIM_MIN_CHARS = 2000  # HunyuanOCR 1.5's threshold (1.0 used 8000)
@@ -48,10 +50,10 @@ def build_page(
     markdown = values = error = None
     if task is Task.SPOTTING:
         if not blocks:
-            blocks = tuple(postprocess.parse_spotting(text, page.width, page.height))
+            blocks = tuple(parse_spotting(text, page.width, page.height))
         text = "\n".join(b.text for b in blocks)
     elif task is Task.DOCUMENT:
-        markdown = postprocess.markdown_from_document(text)
+        markdown = markdown_from_document(text)
         text = markdown
     elif task is Task.EXTRACT and single_key and len(fields) == 1:
         values = {fields[0]: text.strip()}

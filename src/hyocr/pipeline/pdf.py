@@ -30,8 +30,8 @@ from multiprocessing.connection import Connection
 
 from PIL import Image
 
-from ..engines.hunyuan import PixelBounds, visual_tokens
 from ..errors import HyocrError, InvalidMedia, InvalidRequest, PayloadTooLarge, UnprocessableDocument
+from ..hunyuan.geometry import PixelBounds, visual_tokens
 from ..types import FinishReason, PageImage, PageResult
 
 log = logging.getLogger("hyocr.pdf")

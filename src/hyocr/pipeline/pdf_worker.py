@@ -18,8 +18,8 @@ import resource
 import unicodedata
 from multiprocessing.connection import Connection
 
-from ..engines.hunyuan import PixelBounds, visual_tokens
 from ..errors import HyocrError, InvalidMedia, InvalidRequest, PayloadTooLarge
+from ..hunyuan.geometry import PixelBounds, visual_tokens
 from .pdf import POINTS_PER_INCH, RenderPlan, error_parts
 
 TEXT_LAYER_MIN_CHARS = 16  # fewer visible characters: nothing to trust (a scan, a stray page number)

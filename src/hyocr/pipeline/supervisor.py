@@ -12,7 +12,7 @@ service's progress board (pipeline/progress.py), which judges progress per engin
   with backoff if that fails.
 Start-up, idle time and the work before the engine (PDF rendering, fetches, decoding) are never counted.
 
-An engine this process cannot restart (``restartable`` False: one of several API processes sharing a
+An engine this process cannot restart (a ``SharedEngine`` whose ``restartable`` is False: one of several API processes sharing a
 vLLM engine core that the parent owns) makes the process exit non-zero instead; the parent then stops
 the whole server, so that the orchestrator starts it again.
 """
@@ -24,7 +24,7 @@ import logging
 import os
 import time
 
-from ..engines.base import Engine
+from ..engines.base import Engine, SharedEngine
 from .progress import restarting_error, stalled_error
 
 log = logging.getLogger("hyocr.supervisor")
@@ -106,7 +106,7 @@ class EngineSupervisor:
         board = self.service.progress
         board.restarting = reason
         board.fail_all(lambda watch: restarting_error(reason))
-        if not self.engine.restartable:
+        if isinstance(self.engine, SharedEngine) and not self.engine.restartable:
             log.critical("engine %s unhealthy (%s) and owned by the parent process: exiting", self.engine.info.name,
                          reason)
             # The requests it had are failing with JSON errors now; let their answers go out first.

@@ -1,7 +1,7 @@
 """The web UI: a Gradio app on the service's own ``OcrService``, mounted at /ui by ``build_app``.
 
-There is no second path to the engine: a run is ``service.prepare`` then ``service.stream`` per page
-(``runner.stream_run``), and the JSON download is the /v1/ocr body (``api.render.ocr_body``).
+There is no second path to the engine: a run is ``service.read`` with its text streamed per page
+(``runner.stream_run``), and the JSON download is the /v1/ocr body (``api.bodies.ocr_body``).
 Gradio is imported only here, and only when the UI is enabled.
 """
 
@@ -16,7 +16,6 @@ import tempfile
 import weakref
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +25,11 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 
 import gradio as gr
 
-from ..api.render import ocr_body
-from ..errors import HyocrError, InvalidRequest
-from ..pipeline.media import check_pdf_size, is_pdf, load_image
-from ..pipeline.service import MediaInput, OcrCall, OcrService
-from ..types import SamplingParams, Task
+from ..api.bodies import ocr_body
+from ..errors import HyocrError
+from ..pipeline.media import is_pdf
+from ..pipeline.service import OcrService
+from ..types import MediaInput, OcrCall, SamplingParams, Task
 from . import render
 from .examples import write_examples
 from .runner import stream_run, until_set
@@ -180,7 +179,7 @@ def build_ui(service: OcrService, settings: Settings, workdir: Path) -> gr.Block
                 files = gr.File(label="Image or PDF", file_count="multiple", file_types=extensions, height=150,
                                 elem_id="hy-files")
                 pages = gr.Textbox(label="PDF pages", visible=False, elem_id="hy-pdf-pages",
-                                   placeholder=f"all (at most {service.inputs.max_pages}), or e.g. 1-3,8")
+                                   placeholder=f"all (at most {service.max_pages}), or e.g. 1-3,8")
                 task = gr.Dropdown(render.task_choices(info), value=Task.SPOTTING.value, label="Task",
                                    elem_id="hy-task")
                 # LoRA adapters the engine serves are chosen by model name, as in the API.
@@ -386,39 +385,21 @@ def _example_rows(examples: dict[str, Path], info) -> list[list[Any]]:
 
 
 async def _check_upload(paths: list[str], service: OcrService):
-    """Validate uploads as a run would (same limits, decoder and renderer): (the first page for the
-    preview, what was uploaded, whether it is a PDF)."""
-    data = await asyncio.to_thread(Path(paths[0]).read_bytes)
-    if not is_pdf(data):
-        first = await asyncio.to_thread(_check_files, paths, service)
-        return first, f"{len(paths)} pages" if len(paths) > 1 else f"{first.width}×{first.height} image", False
-    name = Path(paths[0]).name
-    if len(paths) > 1:
-        raise InvalidRequest("a PDF is read on its own: upload one PDF, or images", param=name)
-    inputs = service.inputs
-    check_pdf_size(data, inputs.limits, param=name)
-    document = await inputs.pdf.render(data, replace(inputs.pdf_plan, pages="1", max_pages=1), param=name)
-    count = document.page_count
-    return document.pages[0].image, f"{count}-page PDF" if count > 1 else "1-page PDF", True
+    """Validate uploads as a run would (the service's own rules): (the first page for the preview, what was
+    uploaded, whether it is a PDF)."""
+    media = []
+    for p in paths:
+        media.append(MediaInput(await asyncio.to_thread(Path(p).read_bytes), param=Path(p).name))
+    seen = await service.preview(tuple(media))
+    if seen.pdf:
+        return seen.first.image, f"{seen.pages}-page PDF" if seen.pages > 1 else "1-page PDF", True
+    first = seen.first
+    return first.image, f"{seen.pages} pages" if seen.pages > 1 else f"{first.width}×{first.height} image", False
 
 
 def _page_labels(result) -> list[str]:
     """Page 1, Page 2, ...; a PDF's pages by their numbers in the document (pages=3-4: Page 3, Page 4)."""
     return [f"Page {page.index + 1}" if page.source else f"Page {i + 1}" for i, page in enumerate(result.pages)]
-
-
-def _check_files(paths: list[str], service: OcrService):
-    """Validate image uploads as a run would (same limits, same decoder); the first page, for the preview."""
-    if len(paths) > service.max_images:
-        raise InvalidRequest(f"{len(paths)} images given; at most {service.max_images} per request")
-    first = None
-    for i, p in enumerate(paths):
-        data = Path(p).read_bytes()
-        if is_pdf(data):
-            raise InvalidRequest("a PDF is read on its own: upload one PDF, or images", param=Path(p).name)
-        page = load_image(data, service.inputs.limits, index=i, param=Path(p).name)
-        first = first or page.image
-    return first
 
 
 def _message(exc: HyocrError, files: list[str]) -> str:

@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from ..engines.base import EngineInfo
 from ..engines.registry import engines_for
-from ..pipeline.tasks import TASK_DESCRIPTIONS
+from ..hunyuan.prompts import TASK_DESCRIPTIONS
 from ..types import PageResult, Task, TextBlock
 
 PREVIEW_MAX_SIDE = 1600  # pages are shown (and kept per session) at most this large

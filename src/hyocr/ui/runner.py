@@ -1,9 +1,9 @@
-"""One UI run: the service's own stream, page by page, then the same result /v1/ocr returns.
+"""One UI run: the service's own stream, page by page, as snapshots of what to show.
 
-The engine runs once per page: its text deltas are shown as they arrive, and the page's structure
-(boxes, markdown, fields) is built from that same streamed text with ``build_page``, the function
-``OcrService.run`` uses, so the UI and the API cannot disagree. Pages are read one after another
-(not concurrently as ``run`` does) so that the text on screen is always one page's.
+The run is ``OcrService.read(call, deltas=True)``: admitted and timed like an API request, its pages read
+one after another with their text as the engine writes it, each page built by the same rule as the
+API's, and the last event the same result /v1/ocr returns (plus the time to the first text). What is
+here is only what the page shows.
 """
 
 from __future__ import annotations
@@ -13,14 +13,11 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TypeVar
 
-from ..errors import GatewayTimeout, HyocrError
-from ..pipeline.pages import build_page
-from ..pipeline.pdf import page_without_engine
-from ..pipeline.service import OcrCall, OcrService
-from ..types import EngineChunk, FinishReason, OcrResult, PageImage, PageResult, Usage
+from ..pipeline.service import OcrService
+from ..types import OcrCall, OcrResult, PageImage, PageRead, PageResult, PageText, ReadDone, Started
 
 log = logging.getLogger("hyocr.ui")
 T = TypeVar("T")
@@ -40,89 +37,41 @@ class Snapshot:
 
 
 async def stream_run(service: OcrService, call: OcrCall, *, every: float = 0.05) -> AsyncIterator[Snapshot]:
-    """Snapshots of a run, at most one per ``every`` seconds while text streams.
-
-    A run is admitted and timed like an API request: the service's admission control (503 at once
-    when full) and its request deadline over all pages (504, the engine's work aborted). Raises
-    ``HyocrError`` for a bad call or a failed single page; in a multi-page run a failed page becomes
-    an error page and the others are still read, as in ``OcrService.run``.
-    """
-    async with await service.admission.acquire():
-        prep = await service.prepare(call)
-        yield Snapshot(prep.request_id, prep.pages, 0, "")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + service.request_timeout
-        info = service.engine.info
-        many = len(prep.pages) > 1
-        started = time.perf_counter()
-        first_text: float | None = None
-        post_ms = 0.0
-        done: list[PageResult] = []
-        for n, page in enumerate(prep.pages):
-            if not page.needs_engine:  # a PDF page read from its text layer, or one that could not be rendered
-                done.append(page_without_engine(page))
-                yield Snapshot(prep.request_id, prep.pages, n, done[-1].text, tuple(done))
-                continue
-            single = replace(prep, pages=(page,), request_id=f"{prep.request_id}-p{n}" if many else prep.request_id)
-            raw: list[str] = []
-            shown: list[str] = []
-            blocks = []
-            final = EngineChunk(finish_reason=FinishReason.STOP)
-            last = 0.0
-            try:
-                async for chunk in service.until_deadline(service.stream(single), deadline):
-                    if chunk.finish_reason is not None:
-                        final = chunk
-                        continue
-                    raw.append(chunk.text)
-                    blocks.extend(chunk.blocks)
-                    # A detector's chunk carries its blocks: show their text, not the coordinate format.
-                    shown.append(_shown(chunk))
-                    if first_text is None:
-                        first_text = time.perf_counter()
-                    if time.perf_counter() - last >= every:
-                        last = time.perf_counter()
-                        yield Snapshot(prep.request_id, prep.pages, n, "".join(shown), tuple(done))
-            except HyocrError as exc:
-                if not many or isinstance(exc, GatewayTimeout):
-                    raise
-                if not exc.public:
-                    log.error("ui request %s page %d failed: %s", prep.request_id, n, exc.message)
-                message = exc.message if exc.public else "the engine failed on this page"
-                done.append(PageResult(page.index, page.width, page.height, "",
-                                       finish_reason=FinishReason.ERROR, error=message).read_from(page))
-                continue
-            t0 = time.perf_counter()
-            done.append(build_page(
-                prep.task, page, "".join(raw), tuple(blocks), final.finish_reason or FinishReason.STOP,
-                Usage(final.prompt_tokens, final.completion_tokens), prep.call.fields,
-                trim_loops=info.follows_prompts, single_key=prep.call.single_key,
-            ).read_from(page))
-            post_ms += (time.perf_counter() - t0) * 1000
-            yield Snapshot(prep.request_id, prep.pages, n, "".join(shown), tuple(done))
-    elapsed = (time.perf_counter() - started) * 1000
-    usage = Usage()
-    for p in done:
-        usage = usage + p.usage
-    result = OcrResult(
-        id=prep.request_id, model=service.model_for(prep), engine=info.name, task=prep.task,
-        requested_task=prep.requested_task, pages=tuple(done), usage=usage,
-        timings={
-            "decode_ms": round(prep.decode_ms, 2),
-            "first_text_ms": round((first_text - started) * 1000, 2) if first_text else None,
-            "engine_ms": round(elapsed - post_ms, 2),
-            "postprocess_ms": round(post_ms, 2),
-            "total_ms": round(prep.fetch_ms + prep.decode_ms + elapsed, 2),
-        },
-    )
-    yield Snapshot(prep.request_id, prep.pages, len(prep.pages) - 1, done[-1].text, tuple(done), result)
+    """Snapshots of a run, at most one per ``every`` seconds while text streams. Raises ``HyocrError``
+    for a bad call or a failed single page (a failed page of several is an error page)."""
+    events = service.read(call, deltas=True)
+    async with contextlib.aclosing(events):
+        prep = None
+        current, shown, done = 0, [], []
+        last = 0.0
+        async for event in events:
+            if isinstance(event, Started):
+                prep = event.prep
+                yield Snapshot(prep.request_id, prep.pages, 0, "")
+            elif isinstance(event, PageText):
+                if event.position != current:
+                    current, shown = event.position, []
+                shown.append(_shown(event))
+                if time.perf_counter() - last >= every:
+                    last = time.perf_counter()
+                    yield Snapshot(prep.request_id, prep.pages, current, "".join(shown), tuple(done))
+            elif isinstance(event, PageRead):
+                if event.position != current:
+                    current, shown = event.position, []
+                done.append(event.page)
+                text = "".join(shown) if shown else event.page.text
+                yield Snapshot(prep.request_id, prep.pages, current, text, tuple(done))
+            elif isinstance(event, ReadDone):
+                yield Snapshot(prep.request_id, prep.pages, len(prep.pages) - 1, done[-1].text, tuple(done),
+                               event.result)
 
 
-def _shown(chunk: EngineChunk) -> str:
-    if not chunk.blocks:
-        return chunk.text
-    lead = chunk.text[: len(chunk.text) - len(chunk.text.lstrip())]
-    return lead + " ".join(b.text for b in chunk.blocks)
+def _shown(delta: PageText) -> str:
+    """A detector's delta carries its blocks: show their text, not the coordinate format."""
+    if not delta.blocks:
+        return delta.text
+    lead = delta.text[: len(delta.text) - len(delta.text.lstrip())]
+    return lead + " ".join(b.text for b in delta.blocks)
 
 
 async def until_set(source: AsyncIterator[T], stop: asyncio.Event) -> AsyncIterator[T]:

@@ -40,8 +40,15 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..api.errors import error_headers, hyocr_error_body
-from ..errors import HyocrError, InvalidMedia, InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable, \
-    UnsupportedMediaType
+from ..errors import (
+    HyocrError,
+    InvalidMedia,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    UnsupportedMediaType,
+)
 from ..pipeline.media import sniff_format
 
 if TYPE_CHECKING:

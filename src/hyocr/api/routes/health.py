@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from ...engines.base import SharedEngine
 from ...errors import ServiceUnavailable
 from .deps import service_of
 
@@ -21,7 +22,7 @@ async def ready(request: Request) -> JSONResponse:
     engine = service_of(request).engine
     supervisor = request.app.state.supervisor
     healthy = bool(getattr(request.app.state, "engine_started", False)) and await supervisor.healthy()
-    ok = healthy and engine.peers_ready()
+    ok = healthy and (not isinstance(engine, SharedEngine) or engine.peers_ready())
     body = {"status": "ready" if ok else "unavailable", "engine": engine.info.name, "model": engine.info.model,
             "restarts": supervisor.restarts}
     if healthy and not ok:

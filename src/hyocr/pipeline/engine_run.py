@@ -1,0 +1,80 @@
+"""The engine as the service drives it: engine requests built from a prepared call, and each one's
+stream watched by the progress board (the stall watchdog) and the loop guard.
+
+Closing a stream from here (client gone, deadline, error) closes the engine's stream and aborts the
+engine's work for that request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from ..engines.base import Engine
+from ..observability.logs import record_first
+from ..types import EngineChunk, EngineRequest, FinishReason, PageImage, Prepared, SamplingParams
+from . import postprocess
+from .progress import ProgressBoard
+
+
+class EngineRun:
+    def __init__(self, engine: Engine, progress: ProgressBoard, *, loop_guard: bool, default_max_tokens: int) -> None:
+        self.engine = engine
+        self.progress = progress
+        self.loop_guard = loop_guard
+        self.default_max_tokens = default_max_tokens
+
+    def sampling(self, sampling: SamplingParams) -> SamplingParams:
+        if sampling.max_tokens is None:
+            return replace(sampling, max_tokens=self.default_max_tokens)
+        return sampling
+
+    def request(self, prep: Prepared, images: tuple[PageImage, ...], suffix: str = "") -> EngineRequest:
+        call = prep.call
+        return EngineRequest(
+            request_id=prep.request_id + suffix,
+            task=prep.task,
+            prompt=prep.prompt,
+            images=images,
+            system=call.system,
+            sampling=self.sampling(call.sampling),
+            adapter=call.model if call.model in self.engine.info.adapters else None,
+        )
+
+    async def stream(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """The engine's stream for ``request`` under the loop guard (a repeating tail ends it with
+        ``repetition``) and the progress board (a stall fails it with a retryable 503)."""
+        wanted = self.loop_guard if request.sampling.loop_guard is None else request.sampling.loop_guard
+        guard = postprocess.LoopGuard() if wanted and self.engine.info.follows_prompts else None
+        started = time.perf_counter()
+        watch = self.progress.enter(request.request_id, self.engine.expected_seconds(request))
+        stream = self.engine.generate(request)
+        try:
+            while True:
+                self.progress.wait(watch)
+                try:
+                    chunk = await anext(stream)
+                except StopAsyncIteration:
+                    break
+                except asyncio.CancelledError:
+                    if (failure := self.progress.failure_for(watch)) is None:
+                        raise
+                    raise failure from None
+                self.progress.got(watch)
+                if chunk.text or chunk.blocks:
+                    record_first(ttft_s=time.perf_counter() - started)
+                if guard is not None and chunk.text and guard.feed(chunk.text):
+                    yield replace(chunk, finish_reason=None)
+                    yield EngineChunk(
+                        finish_reason=FinishReason.REPETITION,
+                        prompt_tokens=chunk.prompt_tokens,
+                        completion_tokens=chunk.completion_tokens,
+                    )
+                    return
+                yield chunk
+        finally:
+            self.progress.leave(watch)
+            await stream.aclose()
+            await self.engine.abort(request.request_id)
