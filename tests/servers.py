@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import requests
 
@@ -82,3 +83,57 @@ class LiveServer:
         self.server.should_exit = True
         self._thread.join(timeout=30)
         self._sock.close()
+
+
+# ---------------------------------------------------------------- raw HTTP, for peers that misbehave on purpose
+
+
+class RawHttpServer:
+    """A socket server on loopback that reads each request whole (head and body) and sends what
+    ``answer(head, body)`` returns: raw HTTP bytes, or None to close the connection without a word."""
+
+    def __init__(self, answer: Callable[[bytes, bytes], bytes | None]) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.sock = socket.create_server(("127.0.0.1", 0), backlog=16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(5)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length")), 0)
+                while len(body) < length:
+                    body += conn.recv(65536)
+                self.connections += 1
+                reply = self.answer(head, body)
+                if reply:
+                    conn.sendall(reply)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def http_response(status: int, body: bytes, headers: str = "Content-Type: application/json\r\n") -> bytes:
+    return f"HTTP/1.1 {status} X\r\n{headers}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+
+
+def raw_exchange(port: int, data: bytes) -> bytes:
+    """Send ``data`` as it is and read until the server closes (or goes quiet for 10 s)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        out = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while chunk := sock.recv(65536):
+                out += chunk
+        return out

@@ -3,16 +3,14 @@ JSON on the default parser, the loud warning of a server exposed without auth, p
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
-import socket
 import subprocess
 import sys
 
 import requests
 from pdfs import text_pdf
-from servers import serve_process
+from servers import raw_exchange, serve_process
 
 HYOCR = [sys.executable, "-m", "hyocr"]
 MALFORMED = {
@@ -39,22 +37,12 @@ def _stop(proc: subprocess.Popen) -> list[dict]:
     return [json.loads(line) for line in proc.stdout.read().splitlines() if line.startswith("{")]
 
 
-def _raw(port: int, data: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(data)
-        out = b""
-        with contextlib.suppress(TimeoutError, ConnectionResetError):
-            while chunk := sock.recv(65536):
-                out += chunk
-        return out
-
-
 def test_malformed_http_gets_the_apis_json_400():
     proc, url = _serve()
     port = int(url.rsplit(":", 1)[1])
     try:
         for name, data in MALFORMED.items():
-            reply = _raw(port, data)
+            reply = raw_exchange(port, data)
             head, _, body = reply.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 400"), (name, reply[:300])
             headers = {k.strip().lower(): v.strip() for k, _, v in

@@ -18,7 +18,7 @@ import requests
 import uvicorn
 from imaging import card
 from prometheus_client.parser import text_string_to_metric_families
-from servers import free_port
+from servers import RawHttpServer, free_port, http_response, raw_exchange
 
 from hyocr.api.app import build_app
 from hyocr.config import load_settings
@@ -96,46 +96,18 @@ def test_an_unreachable_upstream_and_an_unready_server_carry_retry_after(fake_se
     assert ready.status_code == 503 and ready.headers["retry-after"].isdigit()
 
 
-class _OverloadedUpstream:
+def _overloaded_upstream(retry_after: str) -> RawHttpServer:
     """An OpenAI-compatible server that lists a model and answers every chat with 503 + Retry-After."""
-
-    def __init__(self, retry_after: str) -> None:
-        self.retry_after = retry_after
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
-                data = b""
-                with contextlib.suppress(OSError):
-                    while b"\r\n\r\n" not in data:
-                        data += conn.recv(65536)
-                    head, _, body = data.partition(b"\r\n\r\n")
-                    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                                   if line.lower().startswith(b"content-length")), 0)
-                    while len(body) < length:
-                        body += conn.recv(65536)
-                    if head.startswith(b"GET"):
-                        reply, status, extra = json.dumps({"data": [{"id": "up"}]}).encode(), b"200 OK", b""
-                    else:
-                        reply, status = b'{"error":{"message":"busy"}}', b"503 Service Unavailable"
-                        extra = b"Retry-After: " + self.retry_after.encode() + b"\r\n"
-                    conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\n" + extra
-                                 + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(reply) + reply)
-
-    def close(self) -> None:
-        self.sock.close()
+    def answer(head: bytes, body: bytes) -> bytes:
+        if head.startswith(b"GET"):
+            return http_response(200, json.dumps({"data": [{"id": "up"}]}).encode())
+        return http_response(503, b'{"error":{"message":"busy"}}',
+                             f"Content-Type: application/json\r\nRetry-After: {retry_after}\r\n")
+    return RawHttpServer(answer)
 
 
 def test_the_upstreams_own_retry_after_is_forwarded(fake_server_factory):
-    upstream = _OverloadedUpstream("7")
+    upstream = _overloaded_upstream("7")
     try:
         front = fake_server_factory(engine="openai", upstream_url=upstream.url, upstream_retries=0)
         r = _chat(front.url, "q")
@@ -284,16 +256,6 @@ MALFORMED = {
 }
 
 
-def _raw(port: int, data: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(data)
-        out = b""
-        with contextlib.suppress(TimeoutError, ConnectionResetError):
-            while chunk := sock.recv(65536):
-                out += chunk
-        return out
-
-
 def assert_json_400(reply: bytes) -> None:
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400"), reply[:300]
@@ -317,10 +279,10 @@ def test_the_parsers_400_is_json(parser):
         _wait_for(lambda: server.started, 60)
         port = sock.getsockname()[1]
         for data in MALFORMED.values():
-            assert_json_400(_raw(port, data))
+            assert_json_400(raw_exchange(port, data))
         if parser == "h11":  # a header block growing past h11's limit before it is complete
-            assert_json_400(_raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000))
-        assert _raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+            assert_json_400(raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000))
+        assert raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
     finally:
         server.should_exit = True
         thread.join(timeout=30)

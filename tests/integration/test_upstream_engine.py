@@ -9,12 +9,12 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import threading
 import time
 
 import pytest
 import requests
 from imaging import card
+from servers import RawHttpServer, http_response
 
 from hyocr.engines.fake import FakeEngine, FakeScript
 
@@ -97,47 +97,20 @@ def test_client_disconnect_aborts_the_upstream_request(fake_server_factory):
 # ---------------------------------------------------------------- fault injection
 
 
-class ScriptedUpstream:
-    """A socket server answering each connection with the next scripted raw HTTP response."""
+class ScriptedUpstream(RawHttpServer):
+    """Lists one model; answers each other connection with the next scripted raw HTTP response."""
 
     def __init__(self, script: list[bytes | None]) -> None:
         self.script = list(script)
-        self.connections = 0
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(self._next)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    data += conn.recv(65536)
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = int(next((ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")), b"0"))
-                while len(body) < length:
-                    body += conn.recv(65536)
-                self.connections += 1
-                if head.startswith(b"GET /v1/models"):
-                    conn.sendall(_response(200, json.dumps({"data": [{"id": "scripted"}]}).encode()))
-                    continue
-                reply = self.script.pop(0) if self.script else None
-                if reply:
-                    conn.sendall(reply)
-
-    def close(self) -> None:
-        self.sock.close()
+    def _next(self, head: bytes, body: bytes) -> bytes | None:
+        if head.startswith(b"GET /v1/models"):
+            return _response(200, json.dumps({"data": [{"id": "scripted"}]}).encode())
+        return self.script.pop(0) if self.script else None
 
 
-def _response(status: int, body: bytes, headers: str = "Content-Type: application/json\r\n") -> bytes:
-    return f"HTTP/1.1 {status} X\r\n{headers}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+_response = http_response
 
 
 def _sse_head() -> bytes:

@@ -211,7 +211,7 @@ def test_images_processed_in_worker_processes_give_the_same_output(vllm_server, 
         from hyocr.types import EngineRequest, PageImage, Task
 
         request = EngineRequest("names", Task.TEXT, TEXT_PROMPT, (PageImage(card().image),))
-        prompt = {"prompt": server.engine.render_prompt(request), "multi_modal_data": {"image": request.images[0].image}}
+        prompt = {"prompt": server.engine.templated_prompt(request), "multi_modal_data": {"image": request.images[0].image}}
         rendered = [server.engine.process_renderer.pool.submit(_render, prompt) for _ in range(6)]
         names = [f.result(timeout=60)["mm_hashes"]["image"][0] for f in rendered]
         assert len(set(names)) == 6 and not any(name.startswith("renderer0-") for name in names)

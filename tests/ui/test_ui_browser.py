@@ -15,7 +15,7 @@ from browser import choose_task, open_ui, shot, status, upload
 from imaging import card, chinese_card, squash
 from PIL import Image
 
-from hyocr.ui.render import BOX_COLOUR
+from hyocr.ui.display import BOX_COLOUR
 
 
 def test_spotting_a_card_streams_text_draws_boxes_and_downloads_json(page, tmp_path):

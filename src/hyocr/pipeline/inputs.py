@@ -92,14 +92,14 @@ class PageLoader:
                     decode_base64, item.data, self.limits, param=item.param,
                     max_bytes=max(self.limits.max_image_bytes, self.limits.max_pdf_bytes))
                 if is_pdf(raw):
-                    return await self._render(raw, how, item.param)
+                    return await self._pdf_pages(raw, how, item.param)
                 media = (MediaInput(raw, item.param),)
             if how.pages is not None:
                 raise InvalidRequest("pages selects pages of a PDF; this request has images", param="pages")
             probes = await asyncio.to_thread(self._probe_all, media, how.accept_pdf)
             return await self._decode_all(probes)
 
-    async def _render(self, raw: bytes, how: PageRequest, param: str) -> tuple[PageImage, ...]:
+    async def _pdf_pages(self, raw: bytes, how: PageRequest, param: str) -> tuple[PageImage, ...]:
         check_pdf_size(raw, self.limits, param=param)
         plan = replace(self.pdf_plan, pages=how.pages, max_pages=self.max_pages, text_layer=how.text_layer)
         document = await self.pdf.render(raw, plan, param=param)

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from ..errors import GatewayTimeout, HyocrError
+from ..errors import HyocrError
 from ..observability.logs import record
 from ..observability.tracing import span
 from ..types import (
@@ -46,7 +46,7 @@ async def read_pages(run: EngineRun, prep: Prepared, *, deltas: bool = False) ->
     total = len(prep.pages)
     if deltas:
         for n, page in enumerate(prep.pages):
-            async with contextlib.aclosing(_page_with_text(run, prep, n, page, first_text)) as events:
+            async with contextlib.aclosing(_page_events(run, prep, n, page, first_text)) as events:
                 async for event in events:
                     if isinstance(event, PageText):
                         yield event
@@ -99,26 +99,17 @@ def _suffix(prep: Prepared, page: PageImage) -> str:
 
 async def _page(run: EngineRun, prep: Prepared, page: PageImage) -> tuple[PageResult, float]:
     """One page read to the end: (its result, post-processing milliseconds)."""
+    async with contextlib.aclosing(_page_events(run, prep, 0, page, None)) as events:
+        async for event in events:
+            if not isinstance(event, PageText):
+                return event[1:]
+    raise AssertionError("a page ends with its result")
+
+
+async def _page_events(run: EngineRun, prep: Prepared, n: int, page: PageImage, first_text: list[float] | None):
+    """One page read to the end: its text as it streams (``PageText``s, only when ``first_text`` is a
+    list, which gets the moment the first text appeared), then (n, result, post-processing ms)."""
     if not page.needs_engine:  # a PDF page read from its text layer, or one that could not be rendered
-        return page_without_engine(page), 0.0
-    request = run.request(prep, (page,), _suffix(prep, page))
-    parts: list[str] = []
-    blocks: list[TextBlock] = []
-    last = EngineChunk()
-    try:
-        with span("hyocr.engine", request_id=request.request_id, page=page.index, task=prep.task.value):
-            async for chunk in run.stream(request):
-                parts.append(chunk.text)
-                blocks.extend(chunk.blocks)
-                last = chunk
-    except HyocrError as exc:
-        return _failed(prep, page, exc), 0.0
-    return _built(run, prep, page, "".join(parts), tuple(blocks), last)
-
-
-async def _page_with_text(run: EngineRun, prep: Prepared, n: int, page: PageImage, first_text: list[float]):
-    """One page read to the end with its text as it streams: ``PageText``s, then (n, result, ms)."""
-    if not page.needs_engine:
         yield n, page_without_engine(page), 0.0
         return
     request = run.request(prep, (page,), _suffix(prep, page))
@@ -132,14 +123,12 @@ async def _page_with_text(run: EngineRun, prep: Prepared, n: int, page: PageImag
                     parts.append(chunk.text)
                     blocks.extend(chunk.blocks)
                     last = chunk
-                    if not (chunk.text or chunk.blocks):
+                    if first_text is None or not (chunk.text or chunk.blocks):
                         continue
                     if not first_text:
                         first_text.append(time.perf_counter())
                     yield PageText(n, chunk.text, chunk.blocks)
     except HyocrError as exc:
-        if isinstance(exc, GatewayTimeout):
-            raise
         yield n, _failed(prep, page, exc), 0.0
         return
     yield (n, *_built(run, prep, page, "".join(parts), tuple(blocks), last))

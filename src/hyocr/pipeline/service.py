@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from ..engines.base import Engine
 from ..engines.registry import engines_for
@@ -118,24 +118,25 @@ class OcrService:
 
     # ----------------------------------------------------------------- the public streams
 
-    async def read(self, call: OcrCall, *, request_id: str | None = None,
-                   deltas: bool = False) -> AsyncIterator[ReadEvent]:
+    def read(self, call: OcrCall, *, request_id: str | None = None,
+             deltas: bool = False) -> AsyncIterator[ReadEvent]:
         """``Started``, then a ``PageRead`` per page as it finishes (preceded by its ``PageText``s, pages
         one after another, with ``deltas``), then ``ReadDone``."""
-        async with self._admitted() as deadline:
-            prep = await self._before(deadline, self._prepare(call, request_id))
-            yield Started(prep)
-            async with contextlib.aclosing(self._until(read_pages(self._run, prep, deltas=deltas), deadline)) as events:
-                async for event in events:  # closed with this stream: the engine's work is aborted now
-                    yield event
+        return self._admitted_stream(call, request_id, lambda prep: read_pages(self._run, prep, deltas=deltas))
 
-    async def chat(self, call: OcrCall, *, request_id: str | None = None,
-                   whole: bool = False) -> AsyncIterator[ChatEvent]:
+    def chat(self, call: OcrCall, *, request_id: str | None = None,
+             whole: bool = False) -> AsyncIterator[ChatEvent]:
         """``Started``, then the text as ``ChatText``s (or, ``whole``, none), then ``ChatDone``."""
+        return self._admitted_stream(call, request_id, lambda prep: chat_text(self._run, prep, whole=whole))
+
+    async def _admitted_stream(self, call: OcrCall, request_id: str | None,
+                               work: Callable[[Prepared], AsyncIterator]) -> AsyncIterator:
+        """The one shape of both streams: admitted, prepared before the deadline, ``Started``, then
+        ``work``'s events until the deadline."""
         async with self._admitted() as deadline:
             prep = await self._before(deadline, self._prepare(call, request_id))
             yield Started(prep)
-            async with contextlib.aclosing(self._until(chat_text(self._run, prep, whole=whole), deadline)) as events:
+            async with contextlib.aclosing(self._until(work(prep), deadline)) as events:
                 async for event in events:  # closed with this stream: the engine's work is aborted now
                     yield event
 

@@ -31,7 +31,7 @@ class Snapshot:
     request_id: str
     pages: tuple[PageImage, ...]
     current: int  # position in ``pages`` of the page being read
-    text: str  # its text so far, as the engine wrote it (see render.stream_display)
+    text: str  # its text so far, as the engine wrote it (see display.stream_display)
     done: tuple[PageResult, ...] = ()
     result: OcrResult | None = None
 

@@ -1,5 +1,5 @@
-"""The UI's CSS: a few touches on top of Gradio's Soft theme (a module, not a .css file, so that it
-ships in the wheel without package-data configuration)."""
+"""The UI's look: a few CSS touches on top of Gradio's Soft theme, and what the page's head adds (modules,
+not .css/.js files, so that they ship in the wheel without package-data configuration)."""
 
 CSS = """
 .gradio-container { max-width: 1320px !important; margin: 0 auto !important; }
@@ -25,3 +25,29 @@ CSS = """
 .hy-rendered td, .hy-rendered th { border: 1px solid var(--border-color-primary); padding: 4px 8px; }
 #hy-text textarea { font-family: var(--font-mono); font-size: 0.9rem; }
 """
+
+# A refused upload (ui/uploads.py) answers the API's JSON error; Gradio's page shows a failed upload's
+# body in its error toast as "HTTP 415: {...}": show just the message (it names the file).
+_TIDY_UPLOAD_ERRORS = """<script>
+(() => {
+  const tidy = (root) => {
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let node; (node = walker.nextNode());) {
+      const match = /^\\s*HTTP \\d{3}: (\\{[\\s\\S]*\\})\\s*$/.exec(node.data);
+      if (!match || !node.parentElement || !node.parentElement.closest('[data-testid="toast-body"]')) continue;
+      try {
+        const error = JSON.parse(match[1]).error;
+        if (error && typeof error.message === "string") node.data = error.message;
+      } catch (_) { /* not an API error: leave it */ }
+    }
+  };
+  new MutationObserver((changes) => changes.forEach((change) => {
+    const target = change.type === "characterData" ? change.target.parentNode : change.target;
+    if (target) tidy(target);
+  })).observe(document.documentElement, {childList: true, subtree: true, characterData: true});
+})();
+</script>"""
+# An inline icon: browsers ask for /favicon.ico otherwise, which the API answers 404.
+HEAD = ('<link rel="icon" href="data:image/svg+xml,<svg xmlns=%22http://www.w3.org/2000/svg%22 '
+        'viewBox=%220 0 100 100%22><text y=%22.9em%22 font-size=%2290%22>🔍</text></svg>">'
+        + _TIDY_UPLOAD_ERRORS)

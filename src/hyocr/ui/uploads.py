@@ -5,12 +5,8 @@ readable again at ``/ui/gradio_api/file=...``), checking only ``max_file_size`` 
 ``UploadGuard`` parses the same multipart stream as it arrives, before Gradio sees each chunk, and refuses
 with the API's JSON errors:
 
-- size: ``Content-Length`` over what an upload may be (413 before any byte is read), then per file as it
-  streams: an image over ``MAX_IMAGE_BYTES``, a PDF over ``MAX_PDF_BYTES`` (413);
-- format: each file's first bytes, sniffed by the API's own ``sniff_format`` (never its name): only the
-  ``IMAGE_FORMATS`` and PDF (400 not recognised, 415 recognised but refused); empty files (400);
-- shape: at most ``MAX_IMAGES_PER_REQUEST`` files, in the ``files`` field Gradio reads (a file in any other
-  field would be left in Gradio's folder for ever), small text fields, a complete multipart body (400);
+- size: ``Content-Length`` over what an upload may be (413 before any byte is read), then each file's size,
+  format and the body's shape as it streams (ui/multipart.py: the rules, as the API's);
 - space: the bytes the UI keeps (uploads and the files its results are served from) stay under
   ``UI_UPLOAD_CACHE_BYTES``; an upload that would pass it first evicts the least recently used files (an
   upload larger than the whole cache: 413; room held by uploads still arriving: 503).
@@ -32,191 +28,22 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from python_multipart.exceptions import MultipartParseError
-from python_multipart.multipart import MultipartParser, parse_options_header
+from python_multipart.multipart import parse_options_header
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..api.errors import error_headers, hyocr_error_body
-from ..errors import (
-    HyocrError,
-    InvalidMedia,
-    InvalidRequest,
-    NotFound,
-    PayloadTooLarge,
-    ServiceUnavailable,
-    UnsupportedMediaType,
-)
-from ..pipeline.media import sniff_format
+from ..errors import HyocrError, InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
+from .multipart import MultipartInspector, UploadRefused, UploadRules
 
-if TYPE_CHECKING:
-    from ..config import Settings
+__all__ = ["UploadCache", "UploadGuard", "UploadRefused", "UploadRules", "remove_file"]
 
 log = logging.getLogger("hyocr.ui")
 
 UPLOAD_PATH = "/gradio_api/upload"  # relative to the mount
 REFUSED_PATHS = frozenset({"/gradio_api/process_recording"})
-FILES_FIELD = "files"  # the only form field Gradio's upload route reads
-SNIFF_BYTES = 512  # what sniff_format looks at
-MAX_HEADER_BYTES = 8 * 1024  # per part, as Gradio's parser
-MAX_FIELD_BYTES = 64 * 1024  # text fields: Gradio's browser client sends none
-_NAMES = {"PNG": "PNG", "JPEG": "JPEG", "WEBP": "WebP", "BMP": "BMP", "TIFF": "TIFF", "GIF": "GIF",
-          "JPEG2000": "JPEG 2000"}
-_ORDER = tuple(_NAMES)
-
-
-@dataclass(frozen=True)
-class UploadRules:
-    formats: frozenset[str]
-    max_image_bytes: int
-    max_pdf_bytes: int
-    max_files: int
-    max_request_bytes: int  # a whole upload body
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> UploadRules:
-        most = max(settings.max_pdf_bytes, settings.max_images_per_request * settings.max_image_bytes)
-        overhead = 16 * 1024 + settings.max_images_per_request * (MAX_HEADER_BYTES + 256)  # part headers
-        return cls(frozenset(settings.image_formats), settings.max_image_bytes, settings.max_pdf_bytes,
-                   settings.max_images_per_request, min(settings.max_body_bytes, most + overhead))
-
-    def accepted(self) -> str:
-        return ", ".join([_NAMES[f] for f in _ORDER if f in self.formats] + ["PDF"])
-
-
-class UploadRefused(MultipartParseError):
-    """Raised into Gradio's multipart parser: the exception type on which it deletes the temporary files
-    it has begun. ``error`` is the client's answer (None: an upstream failure, re-raised afterwards)."""
-
-    def __init__(self, error: HyocrError | None) -> None:
-        super().__init__(error.message if error else "upload aborted")
-        self.error = error
-
-
-@dataclass
-class _Part:
-    headers_size: int = 0
-    disposition: bytes = b""
-    name: str = ""
-    filename: str | None = None  # None: a text field
-    head: bytes = b""
-    size: int = 0
-    cap: int | None = None  # known once the format is
-    kind: str = "image"
-
-
-class _Inspector:
-    """Follows one multipart body, as Gradio's parser will read it (the same parser and header rules),
-    and raises ``UploadRefused`` at the first thing the rules do not allow."""
-
-    def __init__(self, boundary: bytes, charset: str, rules: UploadRules) -> None:
-        self.rules = rules
-        self.charset = charset
-        self.part = _Part()
-        self.files = 0
-        self.field_bytes = 0
-        self.ended = False
-        self._header_name = b""
-        self._header_value = b""
-        self.parser = MultipartParser(boundary, {
-            "on_part_begin": self._begin, "on_part_data": self._data, "on_part_end": self._end,
-            "on_header_field": self._header_field, "on_header_value": self._header_val,
-            "on_header_end": self._header_end, "on_headers_finished": self._headers_done, "on_end": self._done,
-        })
-
-    def write(self, chunk: bytes) -> None:
-        try:
-            self.parser.write(chunk)
-        except UploadRefused:
-            raise
-        except MultipartParseError:
-            raise UploadRefused(InvalidRequest("the upload is not a well-formed multipart body")) from None
-
-    def finish(self) -> None:
-        if not self.ended:
-            raise UploadRefused(InvalidRequest("the upload's multipart body is incomplete"))
-
-    # python_multipart callbacks
-    def _begin(self) -> None:
-        self.part = _Part()
-
-    def _count_header(self, n: int) -> None:
-        self.part.headers_size += n
-        if self.part.headers_size > MAX_HEADER_BYTES:
-            raise UploadRefused(InvalidRequest("a part of the upload has too large headers"))
-
-    def _header_field(self, data: bytes, start: int, end: int) -> None:
-        self._count_header(end - start)
-        self._header_name += data[start:end]
-
-    def _header_val(self, data: bytes, start: int, end: int) -> None:
-        self._count_header(end - start)
-        self._header_value += data[start:end]
-
-    def _header_end(self) -> None:
-        if self._header_name.lower() == b"content-disposition":
-            self.part.disposition = self._header_value
-        self._header_name = self._header_value = b""
-
-    def _headers_done(self) -> None:
-        _, options = parse_options_header(self.part.disposition)
-        if b"name" not in options:
-            raise UploadRefused(InvalidRequest("a part of the upload has no form field name"))
-        self.part.name = options[b"name"].decode(self.charset, errors="replace")
-        if b"filename" not in options:  # how Gradio tells a file from a text field
-            return
-        self.part.filename = Path(options[b"filename"].decode(self.charset, errors="replace")).name[:200] or "file"
-        if self.part.name != FILES_FIELD:
-            raise UploadRefused(InvalidRequest(f"files are uploaded in the {FILES_FIELD!r} field",
-                                               param=self.part.filename))
-        self.files += 1
-        if self.files > self.rules.max_files:
-            raise UploadRefused(InvalidRequest(f"at most {self.rules.max_files} files per upload"))
-
-    def _data(self, data: bytes, start: int, end: int) -> None:
-        part = self.part
-        if part.filename is None:
-            self.field_bytes += end - start
-            if self.field_bytes > MAX_FIELD_BYTES:
-                raise UploadRefused(PayloadTooLarge(f"the upload's text fields are over {MAX_FIELD_BYTES} bytes"))
-            return
-        part.size += end - start
-        if part.cap is None:
-            part.head += data[start:min(end, start + SNIFF_BYTES - len(part.head))]
-            if len(part.head) >= SNIFF_BYTES:
-                self._judge(part)
-        if part.cap is not None and part.size > part.cap:
-            raise UploadRefused(PayloadTooLarge(f"{part.filename}: the {part.kind} is larger than the {part.cap} "
-                                                "byte limit", param=part.filename))
-
-    def _end(self) -> None:
-        part = self.part
-        if part.filename is None:
-            return
-        if part.size == 0:
-            raise UploadRefused(InvalidMedia(f"{part.filename}: the file is empty", param=part.filename))
-        if part.cap is None:
-            self._judge(part)
-
-    def _done(self) -> None:
-        self.ended = True
-
-    def _judge(self, part: _Part) -> None:
-        """The format from the content, as the API sniffs it: the cap that applies, or a refusal."""
-        fmt = sniff_format(part.head)
-        name = part.filename
-        if fmt == "PDF":
-            part.cap, part.kind = self.rules.max_pdf_bytes, "PDF"
-        elif fmt in self.rules.formats:
-            part.cap = self.rules.max_image_bytes
-        elif fmt is None:
-            raise UploadRefused(InvalidMedia(f"{name}: file is not a recognised image or PDF "
-                                             f"({self.rules.accepted()})", param=name))
-        else:
-            raise UploadRefused(UnsupportedMediaType(f"{name}: {fmt} files are not accepted; allowed: "
-                                                     f"{self.rules.accepted()}", param=name))
 
 
 class UploadCache:
@@ -343,7 +170,7 @@ class UploadGuard:
         finally:
             self.cache.release(reservation)
 
-    def _start(self, scope: Scope) -> tuple[_Inspector, int | None]:
+    def _start(self, scope: Scope) -> tuple[MultipartInspector, int | None]:
         headers = dict(scope["headers"])
         kind, params = parse_options_header(headers.get(b"content-type", b""))
         if kind != b"multipart/form-data" or not params.get(b"boundary"):
@@ -359,9 +186,9 @@ class UploadGuard:
             "".encode(charset)
         except LookupError:
             raise InvalidRequest("unknown charset in Content-Type") from None
-        return _Inspector(params[b"boundary"], charset, self.rules), int(declared) if declared else None
+        return MultipartInspector(params[b"boundary"], charset, self.rules), int(declared) if declared else None
 
-    async def _forward(self, scope: Scope, receive: Receive, send: Send, inspector: _Inspector,
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, inspector: MultipartInspector,
                        declared: int | None) -> None:
         upload = _Upload()
         limit = declared if declared is not None else self.rules.max_request_bytes
@@ -375,7 +202,8 @@ class UploadGuard:
                 return await receive()
             try:
                 message = await receive()
-            except Exception as exc:  # a body cap or timeout upstream: Gradio cleans up, the outer layer answers
+            except Exception as exc:  # noqa: BLE001
+                # a body cap or timeout upstream: Gradio cleans up, then it is re-raised for the outer layer
                 raise refuse(None, exc) from None
             if message["type"] == "http.disconnect":
                 raise refuse(None, ClientDisconnect())

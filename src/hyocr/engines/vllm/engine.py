@@ -227,7 +227,7 @@ class VllmEngine(SharedEngine):
 
     # ------------------------------------------------------------------ requests
 
-    def render_prompt(self, request: EngineRequest) -> str:
+    def templated_prompt(self, request: EngineRequest) -> str:
         content: list[dict] = [{"type": "image"} for _ in request.images]
         content.append({"type": "text", "text": request.prompt})
         messages = [{"role": "system", "content": request.system}, {"role": "user", "content": content}]
@@ -250,7 +250,7 @@ class VllmEngine(SharedEngine):
         if not await self.ready():
             raise ServiceUnavailable("the vLLM engine is not running", code="engine_dead")
         images = await asyncio.to_thread(lambda: [fit_image(p, self.bounds) for p in request.images])
-        prompt: dict[str, Any] = {"prompt": self.render_prompt(request)}
+        prompt: dict[str, Any] = {"prompt": self.templated_prompt(request)}
         if images:
             prompt["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
         params = self.sampling_params(request)

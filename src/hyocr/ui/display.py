@@ -1,6 +1,6 @@
 """Pure helpers for the UI: boxes drawn on pages, results formatted for display.
 
-No Gradio here, so everything is unit-tested on plain values (tests/unit/test_ui_render.py).
+No Gradio here, so everything is unit-tested on plain values (tests/unit/test_ui_display.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from PIL import Image
 from hyocr.engines.base import EngineInfo
 from hyocr.engines.registry import ALL_TASKS, OCR_ONLY_TASKS
 from hyocr.types import PageResult, Task, TextBlock
-from hyocr.ui import render
+from hyocr.ui import display
 from hyocr.ui.examples import id_card, invoice, write_examples
 
 RAPID = EngineInfo("rapidocr", "rapidocr-pp-ocrv6", OCR_ONLY_TASKS, follows_prompts=False)
@@ -19,12 +19,12 @@ VLM = EngineInfo("vllm", "tencent/HunyuanOCR", ALL_TASKS, follows_prompts=True)
 def _box_pixels(image: Image.Image) -> np.ndarray:
     """Mask of pixels in the outline colour."""
     px = np.asarray(image.convert("RGB"), dtype=int)
-    return np.abs(px - render.BOX_COLOUR).max(axis=2) < 30
+    return np.abs(px - display.BOX_COLOUR).max(axis=2) < 30
 
 
 def test_boxes_are_outlined_where_the_blocks_are_and_nowhere_else():
     page = Image.new("RGB", (400, 300), "white")
-    drawn = render.draw_boxes(page, [TextBlock("a", box=(50, 40, 200, 90)), TextBlock("no box")])
+    drawn = display.draw_boxes(page, [TextBlock("a", box=(50, 40, 200, 90)), TextBlock("no box")])
     mask = _box_pixels(drawn)
     ys, xs = np.nonzero(mask)
     assert drawn.size == (400, 300) and mask.sum() > 300
@@ -37,14 +37,14 @@ def test_boxes_are_outlined_where_the_blocks_are_and_nowhere_else():
 def test_polygons_are_drawn_as_quads():
     page = Image.new("RGB", (400, 400), "white")
     diamond = ((200.0, 50.0), (350.0, 200.0), (200.0, 350.0), (50.0, 200.0))
-    mask = _box_pixels(render.draw_boxes(page, [TextBlock("x", box=(50, 50, 350, 350), polygon=diamond)]))
+    mask = _box_pixels(display.draw_boxes(page, [TextBlock("x", box=(50, 50, 350, 350), polygon=diamond)]))
     assert mask[50:54, 198:203].any() and mask[198:203, 50:54].any()  # the tips
     assert not mask[50:60, 50:60].any()  # not the bounding box's corner
 
 
 def test_large_pages_are_downscaled_with_their_boxes():
     page = Image.new("RGB", (4000, 2000), "white")
-    drawn = render.draw_boxes(page, [TextBlock("a", box=(2000, 1000, 3000, 1500))], max_side=1000)
+    drawn = display.draw_boxes(page, [TextBlock("a", box=(2000, 1000, 3000, 1500))], max_side=1000)
     assert drawn.size == (1000, 500)
     ys, xs = np.nonzero(_box_pixels(drawn))
     assert abs(xs.min() - 500) <= 3 and abs(xs.max() - 750) <= 3 and abs(ys.min() - 250) <= 3
@@ -53,23 +53,23 @@ def test_large_pages_are_downscaled_with_their_boxes():
 def test_boxes_of_a_page_reduced_for_the_engine_are_drawn_in_the_uploads_pixels():
     # The service kept a 2000x1000 copy of a 4000x2000 upload; boxes are in the upload's pixels.
     reduced = Image.new("RGB", (2000, 1000), "white")
-    drawn = render.draw_boxes(reduced, [TextBlock("a", box=(2000, 1000, 3000, 1500))], max_side=1000,
+    drawn = display.draw_boxes(reduced, [TextBlock("a", box=(2000, 1000, 3000, 1500))], max_side=1000,
                               size=(4000, 2000))
     ys, xs = np.nonzero(_box_pixels(drawn))
     assert abs(xs.min() - 500) <= 3 and abs(xs.max() - 750) <= 3 and abs(ys.min() - 250) <= 3
 
 
 def test_preview_keeps_small_images_and_scales_large_ones():
-    small, scale = render.preview(Image.new("RGB", (300, 200)))
+    small, scale = display.preview(Image.new("RGB", (300, 200)))
     assert small.size == (300, 200) and scale == 1.0
-    big, scale = render.preview(Image.new("RGB", (3200, 800)), 1600)
+    big, scale = display.preview(Image.new("RGB", (3200, 800)), 1600)
     assert big.size == (1600, 400) and scale == 0.5
 
 
 def test_streamed_spotting_text_shows_lines_without_coordinates():
     raw = "NAME: JOHN(58,262),(393,325)ID 4201(58,400),(500,460)BORN"
-    assert render.stream_display(Task.SPOTTING, raw) == "NAME: JOHN\nID 4201\nBORN"
-    assert render.stream_display(Task.TEXT, raw) == raw
+    assert display.stream_display(Task.SPOTTING, raw) == "NAME: JOHN\nID 4201\nBORN"
+    assert display.stream_display(Task.TEXT, raw) == raw
 
 
 def _page(task: Task, text: str, **kw) -> PageResult:
@@ -89,41 +89,41 @@ def _page(task: Task, text: str, **kw) -> PageResult:
     ],
 )
 def test_rendered_view_per_task(task, text, expected):
-    assert render.rendered_markdown(task, _page(task, text)) == expected
+    assert display.rendered_markdown(task, _page(task, text)) == expected
 
 
 def test_documents_render_their_markdown():
     page = _page(Task.DOCUMENT, "# T", markdown="# Title\n\n<table></table>")
-    assert render.rendered_markdown(Task.DOCUMENT, page) == "# Title\n\n<table></table>"
+    assert display.rendered_markdown(Task.DOCUMENT, page) == "# Title\n\n<table></table>"
 
 
 def test_fields_view_shows_fields_or_why_not():
-    assert render.fields_view(_page(Task.EXTRACT, "", fields={"name": "张三"})) == {"name": "张三"}
-    bad = render.fields_view(_page(Task.EXTRACT, "oops", error="not JSON", raw_text="oops"))
+    assert display.fields_view(_page(Task.EXTRACT, "", fields={"name": "张三"})) == {"name": "张三"}
+    bad = display.fields_view(_page(Task.EXTRACT, "oops", error="not JSON", raw_text="oops"))
     assert bad == {"error": "not JSON", "model_output": "oops"}
-    assert render.fields_view(_page(Task.TEXT, "x")) is None
+    assert display.fields_view(_page(Task.TEXT, "x")) is None
 
 
 def test_task_choices_mark_what_the_engine_cannot_run():
-    rapid = {v: label for label, v in render.task_choices(RAPID)}
+    rapid = {v: label for label, v in display.task_choices(RAPID)}
     assert len(rapid) == len(Task)
     assert "needs HunyuanOCR" not in rapid["spotting"] and "needs HunyuanOCR" not in rapid["text"]
     assert "needs HunyuanOCR" in rapid["document"] and "needs HunyuanOCR" in rapid["extract"]
-    assert not any("needs" in label for label, _ in render.task_choices(VLM))
+    assert not any("needs" in label for label, _ in display.task_choices(VLM))
 
 
 def test_task_note_explains_why_rapidocr_cannot_parse_documents():
-    note = render.task_note(Task.DOCUMENT, RAPID)
+    note = display.task_note(Task.DOCUMENT, RAPID)
     assert "Not available on this server" in note and "--engine vllm" in note and "--engine transformers" in note
     assert "spotting, text" in note
-    assert render.task_note(Task.DOCUMENT, VLM) == "Document parsed to Markdown (tables as HTML, formulas as " \
+    assert display.task_note(Task.DOCUMENT, VLM) == "Document parsed to Markdown (tables as HTML, formulas as " \
         "LaTeX), no headers/footers."
 
 
 def test_status_is_escaped_and_errors_are_alerts():
-    html = render.status_html("bad <script>", "error")
+    html = display.status_html("bad <script>", "error")
     assert "&lt;script&gt;" in html and 'role="alert"' in html and "hy-error" in html
-    assert 'role="alert"' not in render.status_html("fine", "ok")
+    assert 'role="alert"' not in display.status_html("fine", "ok")
 
 
 def _body(**over) -> dict:
@@ -138,18 +138,18 @@ def _body(**over) -> dict:
 
 
 def test_stats_show_timings_tokens_and_unusual_finishes():
-    stats = render.stats_html(_body(), page=0)
+    stats = display.stats_html(_body(), page=0)
     assert "vllm · document" in stats and "85 ms" in stats and "1432 ms" in stats and "12.5 s" in stats
     assert "812 in · 96 out" in stats and "finish" not in stats
-    cut = render.stats_html(_body(pages=[{"index": 0, "blocks": [], "finish_reason": "length"}]))
+    cut = display.stats_html(_body(pages=[{"index": 0, "blocks": [], "finish_reason": "length"}]))
     assert "length" in cut
-    none = render.stats_html(_body(usage={"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}))
+    none = display.stats_html(_body(usage={"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}))
     assert "n/a" in none
 
 
 def test_api_snippet_matches_the_task():
-    assert "task=extract -F fields=" in render.api_snippet(Task.EXTRACT, "http://h:1")
-    assert "http://h:1/v1/ocr" in render.api_snippet(Task.SPOTTING, "http://h:1")
+    assert "task=extract -F fields=" in display.api_snippet(Task.EXTRACT, "http://h:1")
+    assert "http://h:1/v1/ocr" in display.api_snippet(Task.SPOTTING, "http://h:1")
 
 
 def test_example_images_are_drawn_with_text(tmp_path):

@@ -1,0 +1,54 @@
+"""Python client for a hyocr server: ``HyocrClient`` (blocking) and ``AsyncHyocrClient`` (asyncio).
+
+    with HyocrClient("http://127.0.0.1:8000") as client:
+        print([(b.text, b.box) for b in client.ocr("card.png").pages[0].blocks])  # lines, pixel boxes
+
+Retries (the reference article promises "a 3 s timeout and at most 2 retries"): ``timeout`` bounds each
+attempt, ``total_timeout`` a whole call (by default, room for every attempt at its full timeout plus the
+backoffs, so it only bites on a long ``Retry-After``). Retried, at most ``max_retries`` times, after a
+jittered exponential backoff or the server's ``Retry-After`` (capped at 10 s; one that ends past the
+deadline is not waited for, the error is raised at once): connection failures (refused, connect timeout,
+reset, a keep-alive connection the server had closed), 429, 503, 502/504 from a proxy, and read timeouts:
+OCR and chat requests have no side effects, so a repeat is safe, and a stalled connection or a brief
+overload may spare the next attempt. The price: the server finishes an attempt the client gave up on (it
+does not cancel non-streaming work on disconnect), so a slow server gets up to ``max_retries + 1`` copies
+(use ``max_retries=0`` with a saturated one). Never retried: 400/401/403/404/413/415/422 (it would fail the
+same way), 500 (the engine failed on this input, maybe after expensive work) and hyocr's own 504 (its
+request deadline passed, and would again). Each attempt sends ``X-Request-ID: <call id>.<attempt>``, so the
+server's logs tie retries together; exceptions carry that id (``request_id``) and ``attempts``.
+
+Layout: ``errors`` (the exception tree), ``retry`` (``RetryState``), ``results`` (``OcrResult`` and the
+event stream), ``calls`` (what each call sends), ``base``, ``sync`` and ``aio`` (the clients).
+"""
+
+from __future__ import annotations
+
+from .aio import AsyncHyocrClient
+from .calls import HEALTH, MODELS, READY, Call, ImageInput, OcrOptions, chat_call, ocr_call
+from .errors import (
+    APIError,
+    AuthenticationError,
+    BadRequest,
+    ConnectionFailed,
+    HyocrClientError,
+    NotFound,
+    PermissionDenied,
+    RateLimited,
+    ServerError,
+    ServiceUnavailable,
+    Timeout,
+    error_from_response,
+    error_from_transport,
+)
+from .results import Block, OcrResult, Page, read_events, read_events_async
+from .retry import BACKOFF_CAP, RETRY_AFTER_CAP, RetryState
+from .sync import HyocrClient
+
+__all__ = [  # noqa: RUF022 (clients, results, then the exception tree)
+    "HyocrClient", "AsyncHyocrClient", "OcrOptions", "OcrResult", "Page", "Block",
+    "HyocrClientError", "Timeout", "ConnectionFailed", "APIError", "BadRequest", "AuthenticationError",
+    "PermissionDenied", "NotFound", "RateLimited", "ServerError", "ServiceUnavailable",
+    # the parts both clients are built of (tests and the server's own tools use them)
+    "RetryState", "BACKOFF_CAP", "RETRY_AFTER_CAP", "Call", "ImageInput", "ocr_call", "chat_call",
+    "HEALTH", "READY", "MODELS", "read_events", "read_events_async", "error_from_response",
+    "error_from_transport"]

@@ -1,0 +1,95 @@
+"""What each API call sends and how its answer is read (``Call``), whichever client sends it."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypedDict, TypeGuard
+
+import httpx
+
+from .results import OcrResult, Page
+
+ImageInput = bytes | str | Path
+
+
+class OcrOptions(TypedDict, total=False):
+    """Keyword arguments of ``ocr`` and ``ocr_many`` (None or absent: the server's default)."""
+
+    task: str  # spotting (default), text, document, extract, translate, vqa, formula, table, chart, ...
+    fields: Sequence[str] | str | None  # task="extract": names, or one comma-separated string
+    language: str | None  # task="translate": en | zh
+    question: str | None  # task="vqa"
+    max_tokens: int | None
+    model: str | None  # a LoRA adapter name
+    pages: str | None  # a PDF's pages to read, 1-based: "2-5,8" (default all)
+    prefer_text_layer: bool | None  # task="text": a PDF page's own text when it is reliable
+    timeout: float | None  # per attempt, this call only
+    # Called as each page finishes (page, pages done, pages in all): the request streams (stream=true).
+    on_page: Callable[[Page, int, int], None] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One API call, whichever client sends it: the request, and how to read the answer."""
+
+    method: str
+    path: str
+    kwargs: dict[str, Any]
+    parse: Callable[[httpx.Response], Any]
+    timeout: float | None = None  # per attempt; None: the client's
+    probe: bool = False  # health/ready report the state now: one attempt, any failure reads as False
+    on_page: Callable[[Page, int, int], None] | None = None  # set: the answer is /v1/ocr's event stream
+
+
+def _is_data_url(image: ImageInput) -> TypeGuard[str]:
+    return isinstance(image, str) and image.startswith("data:")
+
+
+def _image_bytes(image: ImageInput) -> tuple[str, bytes]:
+    """(filename, bytes) of an image given as bytes or as a file path (any str but a data URL)."""
+    if isinstance(image, bytes | bytearray | memoryview):
+        return "image", bytes(image)
+    return Path(image).name, Path(image).read_bytes()
+
+
+def ocr_call(images: Sequence[ImageInput], options: OcrOptions, *, many: bool = False) -> Call:
+    """POST /v1/ocr: one image as a multipart upload (a data URL as JSON ``image``), several as JSON
+    ``images`` in base64."""
+    if many and (isinstance(images, bytes | str | Path) or not images):
+        raise ValueError("ocr_many() takes a non-empty sequence of images")
+    given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+    if unknown := set(given) - set(OcrOptions.__annotations__):
+        raise TypeError(f"unexpected option(s): {', '.join(sorted(unknown))}")
+    timeout = given.pop("timeout", None)
+    on_page = given.pop("on_page", None)
+    if on_page is not None:
+        given["stream"] = True
+    if isinstance(given.get("fields"), str):
+        given["fields"] = given["fields"].split(",")
+    if "fields" in given:
+        given["fields"] = [f.strip() for f in given["fields"] if f.strip()]
+    body = {"task": "spotting", **given}
+    if many or _is_data_url(images[0]):
+        pages = [i if _is_data_url(i) else base64.b64encode(_image_bytes(i)[1]).decode() for i in images]
+        kwargs: dict[str, Any] = {"json": {"images": pages, **body} if many else {"image": pages[0], **body}}
+    else:
+        name, data = _image_bytes(images[0])
+        form = {k: ",".join(v) if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in body.items()}
+        kwargs = {"files": {"file": (name, data, "application/octet-stream")}, "data": form}
+    return Call("POST", "/v1/ocr", kwargs, lambda r: OcrResult.from_json(r.json()), timeout, on_page=on_page)
+
+
+def chat_call(messages: list[dict[str, Any]], timeout: float | None, body: dict[str, Any]) -> Call:
+    if body.get("stream"):
+        raise ValueError("chat() does not stream; use the openai client for stream=True")
+    return Call("POST", "/v1/chat/completions", {"json": {**body, "messages": messages, "stream": False}},
+                httpx.Response.json, timeout)
+
+
+MODELS = Call("GET", "/v1/models", {}, lambda r: r.json()["data"])
+HEALTH = Call("GET", "/health", {}, lambda r: r.status_code == 200, probe=True)
+READY = Call("GET", "/ready", {}, lambda r: r.status_code == 200, probe=True)
