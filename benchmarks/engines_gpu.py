@@ -40,6 +40,7 @@ VARIANTS = {
     "stream4": "--stream-interval 4",
     "seqs128": "--max-num-seqs 128 --max-concurrency 128",
     "kv850": "--expected-tokens 850",
+    "kv1024": "--expected-tokens 1024",  # the default before issue 18 (KV for 64 cards, not pages)
     "mem": "--expected-tokens 850 --max-num-batched-tokens 4096",  # toward the 10 GB target
     "processes": "--preprocess processes",
     "vllm-vit": "--vision-encoder vllm",  # vLLM's image-by-image encoder (hyocr's default: batched)
@@ -51,7 +52,10 @@ VARIANTS = {
     "api2": "--api-processes 2",  # HTTP server processes sharing one engine core
     "api4": "--api-processes 4",
 }
-MAX_TOKENS = os.environ.get("HYOCR_BENCH_MAX_TOKENS", "150")
+# Output tokens a request: "150" for every workload, or per workload, e.g. "card=150 a4=1000" (a document
+# page writes ~1000, issue 18's page workload).
+_MAX = os.environ.get("HYOCR_BENCH_MAX_TOKENS", "150")
+MAX_TOKENS = dict(item.split("=", 1) for item in _MAX.split() if "=" in item) if "=" in _MAX else {"": _MAX}
 PYSPY = os.environ.get("HYOCR_BENCH_PYSPY")  # path of a py-spy binary: profile each server
 # Requests per level for a workload, e.g. "a4=32,32,64,128" (an A4 page takes ~4x a card): hyocr bench's
 # default (4 per stream) otherwise. benchmarks/raw_vllm.py takes the same --requests.
@@ -153,14 +157,27 @@ def run_target(target: str, out: Path) -> None:
             if workload in REQUESTS:
                 requests = ["--requests", REQUESTS[workload]]
             bench = [sys.executable, "-m", "hyocr", "bench", "--url", url, "--workload", workload,
-                     "--concurrency", CONCURRENCY, "--max-tokens", MAX_TOKENS, "--fixed-output",
+                     "--concurrency", CONCURRENCY, "--max-tokens", MAX_TOKENS.get(workload, MAX_TOKENS.get("", "150")),
+                     "--fixed-output",
                      "--label", target, "--output", str(out / f"{workload}-{safe(target)}.json"), *requests]
+            before = preemptions(url)
             with gpu_trace(out / f"{workload}-{safe(target)}.gpu.csv"):
                 done = subprocess.run(bench, check=False, env=env, stderr=subprocess.DEVNULL)
-            print(f"{target} {workload}: bench exit {done.returncode}", flush=True)
+            during = None if before is None or (after := preemptions(url)) is None else after - before
+            (out / f"{workload}-{safe(target)}.preemptions.txt").write_text(f"{during}\n")
+            print(f"{target} {workload}: bench exit {done.returncode}, preemptions {during}", flush=True)
     finally:
         stop_server(proc)
         log.close()
+
+
+def preemptions(url: str) -> float | None:
+    """vLLM's preemption counter from the server's /metrics (None: not exported, e.g. not a vLLM server)."""
+    with contextlib.suppress(httpx.HTTPError):
+        for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("vllm:num_preemptions_total"):
+                return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def stop_server(proc: subprocess.Popen) -> None:

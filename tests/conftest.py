@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/imaging.py, tests/servers.py
+# Jobs databases and webhook secrets of every server the tests start (processes included) stay out of the
+# user's data folder; each in-process LiveServer takes a folder of its own below this one (servers.py).
+os.environ.setdefault("HYOCR_DATA_DIR", tempfile.mkdtemp(prefix="hyocr-test-data-"))
+
+from servers import LiveServer  # noqa: E402
 
 from hyocr.config import load_settings  # noqa: E402
 from hyocr.engines.base import Engine  # noqa: E402
-from servers import LiveServer  # noqa: E402
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -7,12 +7,12 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 
 import requests
-
 import uvicorn
 
 from hyocr.api.app import build_app
@@ -58,6 +58,9 @@ class LiveServer:
     """The app from ``build_app`` served by uvicorn on a free loopback port, in a thread."""
 
     def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
+        if settings.data_dir == os.environ.get("HYOCR_DATA_DIR"):  # not chosen by the test: a jobs database
+            # of its own, so that no other server in this process runs its jobs
+            settings = settings.model_copy(update={"data_dir": tempfile.mkdtemp(dir=settings.data_dir)})
         self.app = build_app(settings, engine)
         self.engine = self.app.state.service.engine
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

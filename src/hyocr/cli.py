@@ -1,4 +1,5 @@
-"""Command line: ``hyocr serve`` runs the API; ``hyocr ocr FILE...`` runs the same pipeline in-process.
+"""Command line: ``hyocr serve`` runs the API; ``hyocr ocr FILE...`` runs the same pipeline in-process;
+``hyocr batch INPUT... --output DIR`` reads many documents, resumably (its logic is in hyocr/batch/).
 
 Heavy imports (FastAPI, uvicorn, engines) happen inside the subcommand that needs them.
 """
@@ -50,6 +51,21 @@ def _flag_type(annotation: object) -> tuple[type, list | None]:
     return str, None  # str, SecretStr: validated by Settings
 
 
+LOCAL_SKIP = ("host", "port", "drain_timeout", "ui", "ui_upload_cache_bytes", "ui_upload_ttl", "metrics_port",
+              "metrics_host")  # settings of a server, not of a read in this process
+
+
+def _read_flags(p: argparse.ArgumentParser) -> None:
+    """How documents are read: ``ocr`` and ``batch`` take the same options (a manifest line overrides)."""
+    p.add_argument("--task", default="spotting", help=TASK_HELP)
+    p.add_argument("--fields", help="comma-separated field names for --task extract")
+    p.add_argument("--language", default="en", help="translation target for --task translate: en | zh")
+    p.add_argument("--question", help="the question for --task vqa")
+    p.add_argument("--pages", help="PDF files: the pages to read, 1-based, e.g. 1-3,8 (default all)")
+    p.add_argument("--prefer-text-layer", dest="prefer_text_layer", action="store_true",
+                   help="PDF files, --task text: take a page's own text when it is reliable instead of OCR")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hyocr", description="OCR service for HunyuanOCR.")
     parser.add_argument("--version", action="version", version=f"hyocr {__version__}")
@@ -65,20 +81,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     ocr = sub.add_parser("ocr", help="recognise text in image and PDF files, in-process (no server)")
     ocr.add_argument("files", nargs="+", type=Path, metavar="FILE")
-    ocr.add_argument("--task", default="spotting", help=TASK_HELP)
-    ocr.add_argument("--fields", help="comma-separated field names for --task extract")
-    ocr.add_argument("--language", default="en", help="translation target for --task translate: en | zh")
-    ocr.add_argument("--question", help="the question for --task vqa")
-    ocr.add_argument("--pages", help="PDF files: the pages to read, 1-based, e.g. 1-3,8 (default all)")
-    ocr.add_argument("--prefer-text-layer", dest="prefer_text_layer", action="store_true",
-                     help="PDF files, --task text: take a page's own text when it is reliable instead of OCR")
+    _read_flags(ocr)
     ocr.add_argument("--json", action="store_true", help="print the full JSON result")
     ocr.add_argument("--url", help="send the files to a running hyocr server instead of running in-process")
     ocr.add_argument("--api-key", dest="api_key", help="--url: the server's API key (or HYOCR_CLIENT_API_KEY)")
     ocr.add_argument("--timeout", type=float, help=f"--url: seconds per attempt (default 3; {PDF_TIMEOUT:g} for "
                      "a PDF, which streams its pages: the wait until the first page, then between pages)")
-    _settings_flags(ocr, skip=("host", "port", "drain_timeout", "ui", "ui_upload_cache_bytes", "ui_upload_ttl",
-                               "metrics_port", "metrics_host"))
+    _settings_flags(ocr, skip=LOCAL_SKIP)
+
+    batch = sub.add_parser("batch", help="read many documents into a folder, resumably (hyocr/batch/)",
+                           description="Read files, folders, globs and .jsonl manifests ({'path', 'task', "
+                           "'pages'} a line) into DIR: a JSON result per document, summary.json; a rerun "
+                           "skips what is done and retries what failed (DIR/.hyocr-batch.jsonl).")
+    batch.add_argument("inputs", nargs="+", metavar="INPUT")
+    batch.add_argument("--output", "-o", required=True, type=Path, metavar="DIR")
+    _read_flags(batch)
+    batch.add_argument("--url", help="submit the documents as jobs to a running hyocr server (/v1/jobs)")
+    batch.add_argument("--api-key", dest="api_key", help="--url: the server's key (or HYOCR_CLIENT_API_KEY)")
+    batch.add_argument("--timeout", type=float, default=60.0, help="--url: seconds per request attempt")
+    batch.add_argument("--poll", type=float, default=1.0, help="--url: seconds between looks at a job")
+    batch.add_argument("--max-retries", dest="max_retries", type=int, default=2,
+                       help="a failed document is read again by a rerun, up to 1 + this many attempts in all")
+    batch.add_argument("--workers", type=int, default=2, help="documents read at once")
+    _settings_flags(batch, skip=LOCAL_SKIP)
 
     bench = sub.add_parser(
         "bench", help="load-test a server (running, or started here) and report; 'bench compare' compares results",
@@ -154,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
             setup_tracing(settings.otel_endpoint)
         if args.command in ("serve", "ui"):
             return serve(settings)
+        if args.command == "batch":
+            from .batch import main as batch_main
+
+            return batch_main(args, settings)
         return run_ocr(args, settings)
     except SettingsError as exc:
         print(f"hyocr: {exc}", file=sys.stderr)
@@ -252,30 +281,22 @@ def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
     if args.url:
         return run_remote_ocr(args)
     from .api.bodies import ocr_body
-    from .engines.registry import create_engine
+    from .batch.local import file_call, local_service
     from .errors import HyocrError
     from .hunyuan.prompts import parse_task
-    from .pipeline.service import OcrService
-    from .types import MediaInput, OcrCall, PageRead, ReadDone
-
-    fields = tuple(f.strip() for f in (args.fields or "").split(",") if f.strip())
+    from .types import PageRead, ReadDone
 
     async def go() -> int:
-        engine = create_engine(settings)
-        service = OcrService.from_settings(engine, settings)
         out = _Output(args)
-        await engine.start()
-        try:
-            task = parse_task(args.task)
+        async with local_service(settings) as service:
+            parse_task(args.task)
             for path in args.files:
                 try:
                     data = path.read_bytes()
                 except OSError as exc:
                     out.failed(path, exc.strerror)
                     continue
-                call = OcrCall(media=(MediaInput(data, param=str(path)),), task=task, fields=fields,
-                               target_language=args.language, question=args.question, accept_pdf=True,
-                               **(_pdf_options(args) if _is_pdf(data) else {}))
+                call = file_call(data, str(path), vars(args))
                 try:
                     # The service's one stream: admitted and under the request deadline, as on the server.
                     with _Progress(path) as progress:
@@ -288,9 +309,6 @@ def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
                     out.failed(path, exc.message if exc.public else "internal error")
                     continue
                 out.result(path, ocr_body(result))
-        finally:
-            service.close()
-            await engine.stop()
         return out.finish()
 
     try:

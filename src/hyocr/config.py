@@ -6,6 +6,7 @@ override them. Validated once, at start-up, with messages that name the setting.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -69,9 +70,10 @@ class Settings(BaseSettings):
     lora_modules: str | None = Field(None, description="vLLM: LoRA adapters, name=path[,name=path]; "
                                      "a request selects one with its model field")
     max_lora_rank: int = Field(16, ge=1, le=512, description="vLLM: the largest adapter rank")
-    expected_tokens: int = Field(
-        1024, ge=0, le=1_000_000, description="vLLM: prompt + output tokens of a typical request; the KV cache "
-        "is sized to max_num_seqs x this (a card: ~850). 0 = vLLM's fraction of the GPU"
+    expected_tokens: int | None = Field(
+        None, ge=0, le=1_000_000, description="vLLM: prompt + output tokens of a typical request; the KV cache "
+        "is sized to max_num_seqs x this. Default: a page at max_pixels with 1024 output tokens (~5200; a card "
+        "needs ~850). 0 = vLLM's fraction of the GPU"
     )
     preprocess: Literal["threads", "processes"] = Field(
         "threads", description="vLLM: where images become model inputs: the renderer's threads, or worker processes"
@@ -171,6 +173,31 @@ class Settings(BaseSettings):
     pdf_max_visual_tokens: int | None = Field(None, ge=64, description="HunyuanOCR engines: visual tokens a "
                                               "page may cost (default: those of a max_pixels square page)")
 
+    # --- durable jobs (/v1/jobs) and webhooks ---
+    jobs: bool = Field(True, description="serve the jobs API (/v1/jobs): documents read in the background")
+    data_dir: str | None = Field(None, description="where the jobs database and the webhook secret live "
+                                 "(default: $XDG_DATA_HOME/hyocr, else ~/.local/share/hyocr)")
+    jobs_database_url: str | None = Field(
+        None, description="jobs database (SQLAlchemy URL); default sqlite+aiosqlite:///DATA_DIR/jobs.db. "
+        "postgresql+asyncpg://... (extra postgres) shares jobs between replicas")
+    job_retention: float = Field(86_400.0, gt=0, le=365 * 86_400, description="seconds a finished job's result "
+                                 "is kept (then deleted)")
+    job_workers: int = Field(2, ge=1, le=1024, description="page ranges a server reads for jobs at once")
+    job_range_pages: int = Field(8, ge=1, le=1000, description="pages of a job read in one range (one request)")
+    job_max_pages: int = Field(10_000, ge=1, le=1_000_000, description="pages per job (a PDF's selection)")
+    job_max_running: int = Field(2, ge=1, le=10_000, description="jobs of one caller running at once")
+    job_max_attempts: int = Field(3, ge=1, le=100, description="tries of a page range that failed retryably "
+                                  "(engine restarting, overload); then its pages are error pages")
+    job_lease: float = Field(30.0, ge=1, le=3600, description="seconds a replica's claim on a page range lasts "
+                             "without renewal; a replica that died frees its ranges after this")
+    job_online_reserve: float = Field(0.5, ge=0, le=1, description="share of MAX_CONCURRENCY kept for online "
+                                      "requests: jobs start a range only while fewer are in flight")
+    webhook_secret: SecretStr | None = Field(
+        None, description="Standard Webhooks signing secret (whsec_<base64>); default: one generated and kept "
+        "in DATA_DIR/webhook-secret")
+    webhook_max_attempts: int = Field(8, ge=1, le=100, description="deliveries of a webhook before giving up")
+    webhook_timeout: float = Field(10.0, gt=0, le=300, description="seconds per webhook delivery")
+
     @field_validator("image_formats", mode="before")
     @classmethod
     def _split_formats(cls, v: object) -> object:
@@ -192,6 +219,20 @@ class Settings(BaseSettings):
         if not isinstance(parsed, dict):
             raise ValueError("must be a JSON object of AsyncEngineArgs names and values")
         return v
+
+    @field_validator("jobs_database_url")
+    @classmethod
+    def _async_driver(cls, v: str | None) -> str | None:
+        """The async driver hyocr ships for each database: a plain postgresql:// or sqlite:// URL gets it."""
+        if v is None:
+            return v
+        scheme, sep, rest = v.partition("://")
+        drivers = {"postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg",
+                   "postgresql+asyncpg": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite",
+                   "sqlite+aiosqlite": "sqlite+aiosqlite"}
+        if not sep or scheme not in drivers:
+            raise ValueError("must be postgresql://USER@HOST/DB (extra postgres) or sqlite:///PATH")
+        return f"{drivers[scheme]}://{rest}"
 
     @field_validator("max_tokens_limit")
     @classmethod
@@ -228,6 +269,15 @@ class Settings(BaseSettings):
             raise ValueError(f"pdf_min_dpi ({self.pdf_min_dpi}) must be <= pdf_max_dpi ({self.pdf_max_dpi}) "
                              f"and pdf_detector_dpi ({self.pdf_detector_dpi})")
         return self
+
+    @property
+    def data_path(self) -> Path:
+        """DATA_DIR, or the user's data folder (created by whoever writes there)."""
+        if self.data_dir:
+            return Path(self.data_dir).expanduser()
+        import os
+
+        return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "hyocr"
 
     @property
     def workers(self) -> int:

@@ -8,6 +8,7 @@
     +-- Forbidden (403)
     +-- NotFound (404)
     +-- BodyTimeout (408)                      the request body did not arrive in time
+    +-- Conflict (409)                         not in a state to answer that yet (a job still running)
     +-- PayloadTooLarge (413)                  body, image bytes or pixels over a cap
     +-- UnsupportedMediaType (415)             a format outside the allowlist
     +-- UnprocessableDocument (422)            a PDF that could not be rendered in time or crashed the renderer
@@ -84,6 +85,14 @@ class BodyTimeout(HyocrError):
     status = 408
     type = "invalid_request_error"
     code = "body_timeout"
+    public = True
+
+
+class Conflict(HyocrError):
+    """The resource exists but cannot answer that now: a job's result before it succeeded."""
+
+    status = 409
+    type = "invalid_request_error"
     public = True
 
 

@@ -105,6 +105,9 @@ class EngineRequest:
     system: str = ""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     adapter: str | None = None  # a LoRA adapter the engine serves, selected by the request's model name
+    # 0: a caller waiting (online); higher: background work (jobs), which an engine with a queue of its own
+    # serves after every waiting online request (rapidocr; vLLM with scheduling_policy=priority)
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +234,7 @@ class OcrCall:
     accept_pdf: bool = False
     pages: str | None = None  # "2-5,8": the PDF pages to read (1-based); None: all
     prefer_text_layer: bool = False  # task text: a PDF page's own text, when reliable, instead of OCR
+    priority: int = 0  # EngineRequest.priority: jobs read at 1, below online requests
 
 
 @dataclass(frozen=True, slots=True)

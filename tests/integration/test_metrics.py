@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 from pathlib import Path
 
 import requests
@@ -105,3 +106,22 @@ def test_metrics_on_their_own_port(fake_server_factory):
                   headers={"Authorization": "Bearer k"}, timeout=30)
     text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     assert 'hyocr_requests_total{route="/v1/ocr",status="200"} 1.0' in text
+
+
+def test_jobs_are_counted_by_status_pages_and_webhooks(fake_server_factory):
+    server = fake_server_factory(webhook_secret="whsec_" + base64.b64encode(b"s" * 32).decode())
+    job = requests.post(f"{server.url}/v1/jobs", json={"images": [IMAGE, IMAGE], "task": "text"}, timeout=30).json()
+    deadline = time.monotonic() + 30
+    while requests.get(f"{server.url}/v1/jobs/{job['id']}", timeout=10).json()["status"] != "succeeded":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    deadline = time.monotonic() + 30
+    while True:  # the status gauge is refreshed by the runner's dispatch loop
+        text = requests.get(f"{server.url}/metrics", timeout=10).text
+        if 'hyocr_jobs{status="succeeded"} 1.0' in text:
+            break
+        assert time.monotonic() < deadline, text
+        time.sleep(0.2)
+    assert "hyocr_job_pages_total 2.0" in text
+    assert 'hyocr_jobs{status="queued"} 0.0' in text
+    assert "hyocr_webhook_deliveries" in text

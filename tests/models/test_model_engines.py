@@ -236,8 +236,8 @@ def test_images_processed_in_worker_processes_give_the_same_output(vllm_server, 
 
 
 def test_vllm_kv_cache_is_sized_from_the_workload(vllm_server, tiny_checkpoint):
-    """The running engine was built with max_num_seqs x expected_tokens of KV cache (8 x 1024, raised to the
-    8192-token context), not a fraction of the device, and vLLM's own cache_config_info reports a size.
+    """The running engine was built with max_num_seqs x expected_tokens of KV cache (8 x the page-sized
+    default), not a fraction of the device, and vLLM's own cache_config_info reports a size.
     (vLLM's CPU platform then applies VLLM_CPU_KVCACHE_SPACE instead; a GPU keeps the given size.)"""
     import torch
     from prometheus_client.parser import text_string_to_metric_families
@@ -245,8 +245,10 @@ def test_vllm_kv_cache_is_sized_from_the_workload(vllm_server, tiny_checkpoint):
     from hyocr.engines.vllm.tuning import kv_cache_bytes
 
     config = json.loads((tiny_checkpoint / "config.json").read_text())
-    expected = kv_cache_bytes(config, max_num_seqs=8, expected_tokens=1024, max_model_len=8192, dtype="bfloat16")
     engine = vllm_server.engine
+    assert engine.expected_tokens > 5000  # a page at the pixel bound with its output (tuning.page_expected_tokens)
+    expected = kv_cache_bytes(config, max_num_seqs=8, expected_tokens=engine.expected_tokens, max_model_len=8192,
+                              dtype="bfloat16")
     assert engine.engine_args["kv_cache_memory_bytes"] == expected
     assert engine.engine.vllm_config.cache_config.kv_cache_memory_bytes is not None
     text = requests.get(f"{vllm_server.url}/metrics", timeout=10).text

@@ -135,7 +135,8 @@ def _refused_while_draining(url: str) -> bool:
             httpx.get(url + "/health", timeout=10)  # a front end still accepting: SIGTERM on its way
         except httpx.ConnectError:
             return True
-        except httpx.RemoteProtocolError:  # accepted as it stopped, and closed unanswered: try again
+        except (httpx.RemoteProtocolError, httpx.ReadError):  # accepted as it stopped, and closed (or reset)
+            # unanswered: a connection the kernel queued in the instant the front end let go; try again
             pass
         time.sleep(0.25)
     return False

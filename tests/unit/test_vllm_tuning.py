@@ -85,3 +85,30 @@ def test_a_hub_id_is_sized_from_its_cached_config(tmp_path, monkeypatch):
     assert calls == [("tencent/HunyuanOCR", "config.json", "abc")]
     assert sized["kv_cache_memory_bytes"] == kv_cache_bytes(HUB_CONFIG, max_num_seqs=8, expected_tokens=1024,
                                                             max_model_len=None)
+
+
+def test_the_default_sizes_the_cache_for_pages_so_neither_workload_is_preempted():
+    from hyocr.engines.vllm.engine import VllmEngine
+    from hyocr.engines.vllm.tuning import page_expected_tokens
+    from hyocr.hunyuan.geometry import PixelBounds, visual_tokens
+
+    settings = load_settings(engine="vllm", model="/m")
+    tokens = page_expected_tokens(settings.min_pixels, settings.max_pixels)
+    a4 = visual_tokens(1720, 2433, PixelBounds(settings.min_pixels, settings.max_pixels))  # hyocr's A4 render
+    assert a4 + 1000 < tokens < a4 + 1200  # an A4 page with ~1000 tokens out fits its share
+    assert VllmEngine.from_settings(settings).expected_tokens == tokens
+    assert VllmEngine.from_settings(load_settings(engine="vllm", model="/m", expected_tokens=850)).expected_tokens == 850
+    # 64 pages at once on HunyuanOCR 1.0: ~32 GiB of KV, which an H200 holds
+    assert 31 * 2**30 < kv_cache_bytes(HUB_CONFIG, max_num_seqs=64, expected_tokens=tokens, max_model_len=None) \
+        < 33 * 2**30
+
+
+def test_a_gpu_too_small_for_the_sized_cache_gets_vllms_fraction_instead(tmp_path, caplog):
+    (tmp_path / "config.json").write_text(json.dumps(HUB_CONFIG))
+    args = {"model": str(tmp_path), "max_num_seqs": 64, "dtype": "bfloat16"}
+    on_h200 = size_engine(args, expected_tokens=5218, device_bytes=141 * 10**9)
+    assert "kv_cache_memory_bytes" in on_h200 and "gpu_memory_utilization" not in on_h200
+    on_24gb = size_engine(args, expected_tokens=5218, device_bytes=24 * 2**30)
+    assert on_24gb == {**args, "gpu_memory_utilization": 0.9}
+    assert "does not fit this GPU" in caplog.text
+    assert "kv_cache_memory_bytes" in size_engine(args, expected_tokens=1024, device_bytes=24 * 2**30)  # cards fit

@@ -22,10 +22,12 @@ from ..observability.logs import AccessLogMiddleware
 from ..observability.metrics import Metrics
 from ..pipeline.service import OcrService
 from ..pipeline.supervisor import EngineSupervisor
+from .bodies import job_body
 from .errors import UnexpectedErrorMiddleware, install_error_handlers
 from .limits import BodyLimitMiddleware, RequestIdMiddleware
 from .ratelimit import RateLimiter, RateLimitMiddleware
 from .routes import health, ocr, openai
+from .routes import jobs as jobs_routes
 from .security import AuthMiddleware, AuthPolicy
 from .serving import Drain, DrainMiddleware
 
@@ -38,9 +40,16 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     supervisor = EngineSupervisor(engine, service, stall_timeout=settings.stall_timeout)
     metrics = Metrics(service)
     metrics.track(metrics.restarts, lambda: supervisor.restarts)
+    jobs = None
+    if settings.jobs:
+        from ..jobs.service import Jobs  # SQLAlchemy and the store, only when the jobs API is on
+
+        jobs = Jobs.from_settings(service, settings, describe=job_body, metrics=metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if jobs is not None:
+            await jobs.open()
         started = time.perf_counter()
         await engine.start()
         app.state.engine_started = True
@@ -53,6 +62,8 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             engine.info.details or "",
         )
         supervisor.start()
+        if jobs is not None:
+            jobs.start()  # stored jobs resume here
         refresher = asyncio.get_running_loop().create_task(metrics.refresh_forever()) if metrics.shared else None
         if settings.metrics_port:
             from prometheus_client import start_http_server
@@ -68,6 +79,8 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
             if refresher is not None:
                 refresher.cancel()
             app.state.engine_started = False
+            if jobs is not None:
+                await jobs.stop()  # ranges in progress are given back, not lost
             await supervisor.stop()
             await engine.stop()
             service.close()  # the PDF render workers go with the server
@@ -103,10 +116,11 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.supervisor = supervisor
     app.state.metrics = metrics
     app.state.drain = drain
+    app.state.jobs = jobs
     app.state.engine_started = False
     app.state.started_at = int(time.time())
     install_error_handlers(app)
-    for router in (health.router, ocr.router, openai.router):
+    for router in (health.router, ocr.router, openai.router, jobs_routes.router):
         app.include_router(router)
     if settings.ui:
         from ..ui.app import mount_ui  # imports Gradio, only when the UI is on

@@ -115,3 +115,26 @@ async def sse_stream(
         # engine request and frees its admission slot now, not whenever the generator is collected.
         await chunks.aclose()
     yield sse("[DONE]")
+
+
+# ---------------------------------------------------------------- the jobs API
+
+
+def job_body(job) -> dict:
+    """A job (``jobs.store.JobRecord``) on the wire: GET /v1/jobs/{id}, the list, the webhook's data."""
+    def when(t: float | None) -> int | None:
+        return None if t is None else int(t)
+
+    return {
+        "id": job.id, "object": "ocr.job", "status": job.status, "created_at": when(job.created_at),
+        "started_at": when(job.started_at), "finished_at": when(job.finished_at),
+        "expires_at": when(job.expires_at), "model": job.model, "engine": job.engine, "task": job.task,
+        "requested_task": job.requested_task,
+        "pages": {"total": job.pages_total, "done": job.pages_done, "failed": job.pages_failed},
+        "queue_position": job.queue_position, "error": job.error,
+    }
+
+
+def job_page_body(seq: int, position: int, page: PageResult) -> dict:
+    """One stored page of a job (GET /v1/jobs/{id}/pages): ``seq`` orders pages as they were stored."""
+    return {"seq": seq, "position": position, "page": page_body(page)}

@@ -7,6 +7,7 @@ client reach into the engine (chat templates, processor kwargs): those are refus
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -150,6 +151,26 @@ class OcrJsonRequest(SamplingFields):
     prefer_text_layer: bool = Field(False, description="task text: take a PDF page's own text when it is "
                                     "reliable instead of OCR (the page's source says which)")
     stream: bool = Field(False, description="server-sent events: one per page as it finishes, then the result")
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}")
+
+
+class JobJsonRequest(OcrJsonRequest):
+    """POST /v1/jobs: the /v1/ocr request, read in the background, with an optional webhook."""
+
+    callback_url: str | None = Field(None, max_length=2048, description="POSTed (signed, Standard Webhooks) "
+                                     "when the job ends: succeeded, failed or cancelled")
+    callback_headers: dict[str, str] | None = Field(None, max_length=16, description="extra headers sent with "
+                                                    "the webhook (e.g. your own authorization)")
+
+    @field_validator("callback_headers")
+    @classmethod
+    def _http_headers(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for name, value in (v or {}).items():
+            if not _HEADER_NAME.fullmatch(name) or len(value) > 4096 or any(c in value for c in "\r\n\0"):
+                raise ValueError(f"{name[:64]!r}: not an HTTP header name and value (at most 4096 characters)")
+        return v
 
 
 # ---------------------------------------------------------------- the /v1/ocr result

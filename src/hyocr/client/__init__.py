@@ -17,8 +17,28 @@ same way), 500 (the engine failed on this input, maybe after expensive work) and
 request deadline passed, and would again). Each attempt sends ``X-Request-ID: <call id>.<attempt>``, so the
 server's logs tie retries together; exceptions carry that id (``request_id``) and ``attempts``.
 
+Jobs (``/v1/jobs``: documents read in the background, durable on the server), the same on both clients::
+
+    job = client.submit_job("report.pdf", task="text", pages="1-40")   # -> Job (status "queued")
+    for position, page in client.iter_job_pages(job.id):               # pages as they are stored, any order
+        print(position, page.text[:40])
+    job = client.wait(job.id, timeout=600)     # polls every ``poll`` s (or the server's Retry-After)
+    result = client.job_result(job.id)         # -> OcrResult, as ocr() gives; 409 ``Conflict`` if unfinished
+
+``submit_job(image_or_images, *, idempotency_key=None, callback_url=None, callback_headers=None, **options)``
+takes ``ocr``'s options (no ``on_page``) and always sends an ``Idempotency-Key`` (a uuid4 when none is
+given): a submit retried after a lost answer gets the same job back, never a second one; give your own key
+to re-attach to a job across processes. ``get_job(id) -> Job``, ``cancel_job(id) -> Job | None`` (an active
+job cancelled; a finished one is deleted: None), ``delete_job(id)`` (cancelled first if active),
+``list_jobs(limit=20, after=None) -> JobList`` (newest first; ``after``: the last id seen),
+``wait(id, *, poll=1.0, timeout=None) -> Job`` (finished: ``job.finished``; ``Timeout`` when it is not by
+then) and ``iter_job_pages(id, *, poll=1.0, timeout=None)`` -> (position, Page) (an async iterator on
+``AsyncHyocrClient``), following the pages' ``seq`` cursor until the job is finished and no pages remain.
+Each job request is one ``Call`` with the retries above.
+
 Layout: ``errors`` (the exception tree), ``retry`` (``RetryState``), ``results`` (``OcrResult`` and the
-event stream), ``calls`` (what each call sends), ``base``, ``sync`` and ``aio`` (the clients).
+event stream), ``calls`` (what each call sends), ``jobs`` (``Job``, the job calls, the polling waits),
+``base``, ``sync`` and ``aio`` (the clients).
 """
 
 from __future__ import annotations
@@ -29,6 +49,7 @@ from .errors import (
     APIError,
     AuthenticationError,
     BadRequest,
+    Conflict,
     ConnectionFailed,
     HyocrClientError,
     NotFound,
@@ -40,15 +61,17 @@ from .errors import (
     error_from_response,
     error_from_transport,
 )
+from .jobs import Job, JobList, JobPages, Poller
 from .results import Block, OcrResult, Page, read_events, read_events_async
 from .retry import BACKOFF_CAP, RETRY_AFTER_CAP, RetryState
 from .sync import HyocrClient
 
 __all__ = [  # noqa: RUF022 (clients, results, then the exception tree)
-    "HyocrClient", "AsyncHyocrClient", "OcrOptions", "OcrResult", "Page", "Block",
+    "HyocrClient", "AsyncHyocrClient", "OcrOptions", "OcrResult", "Page", "Block", "Job", "JobPages",
+    "JobList",
     "HyocrClientError", "Timeout", "ConnectionFailed", "APIError", "BadRequest", "AuthenticationError",
-    "PermissionDenied", "NotFound", "RateLimited", "ServerError", "ServiceUnavailable",
+    "PermissionDenied", "NotFound", "Conflict", "RateLimited", "ServerError", "ServiceUnavailable",
     # the parts both clients are built of (tests and the server's own tools use them)
     "RetryState", "BACKOFF_CAP", "RETRY_AFTER_CAP", "Call", "ImageInput", "ocr_call", "chat_call",
     "HEALTH", "READY", "MODELS", "read_events", "read_events_async", "error_from_response",
-    "error_from_transport"]
+    "error_from_transport", "Poller"]

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Self, Unpack
 
 import httpx
 
 from .base import _Base
 from .calls import HEALTH, MODELS, READY, Call, ImageInput, OcrOptions, chat_call, ocr_call
-from .results import OcrResult, read_events_async
+from .jobs import Job, JobList, Poller, cancel_call, get_call, list_call, pages_call, result_call, submit_call
+from .results import OcrResult, Page, read_events_async
 
 
 class AsyncHyocrClient(_Base):
@@ -23,13 +24,14 @@ class AsyncHyocrClient(_Base):
         state = self._retry_state(call)
         while True:
             timeout, request_id = state.start()
+            headers = {**(call.headers or {}), "X-Request-ID": request_id}
             try:
                 if call.on_page is None:
                     result: Any = await self._http.request(call.method, call.path, timeout=timeout,
-                                                           headers={"X-Request-ID": request_id}, **call.kwargs)
+                                                           headers=headers, **call.kwargs)
                 else:
                     async with self._http.stream(call.method, call.path, timeout=timeout,
-                                                 headers={"X-Request-ID": request_id}, **call.kwargs) as result:
+                                                 headers=headers, **call.kwargs) as result:
                         if result.is_success:
                             return await read_events_async(result.aiter_lines(), call.on_page)
                         await result.aread()
@@ -48,6 +50,46 @@ class AsyncHyocrClient(_Base):
 
     async def chat(self, messages: list[dict], *, timeout: float | None = None, **body: Any) -> dict:
         return await self._run(chat_call(messages, timeout, body))
+
+    async def submit_job(self, image_or_images: ImageInput | Sequence[ImageInput], *,
+                         idempotency_key: str | None = None, callback_url: str | None = None,
+                         callback_headers: Mapping[str, str] | None = None,
+                         **options: Unpack[OcrOptions]) -> Job:
+        return await self._run(submit_call(image_or_images, options, idempotency_key=idempotency_key,
+                                           callback_url=callback_url, callback_headers=callback_headers))
+
+    async def get_job(self, job_id: str) -> Job: return await self._run(get_call(job_id))
+    async def job_result(self, job_id: str) -> OcrResult: return await self._run(result_call(job_id))
+    async def cancel_job(self, job_id: str) -> Job | None: return await self._run(cancel_call(job_id))
+
+    async def delete_job(self, job_id: str) -> None:
+        if await self._run(cancel_call(job_id)) is not None:
+            await self._run(cancel_call(job_id))
+
+    async def list_jobs(self, limit: int = 20, after: str | None = None) -> JobList:
+        return await self._run(list_call(limit, after))
+
+    async def wait(self, job_id: str, *, poll: float = 1.0, timeout: float | None = None) -> Job:
+        poller = Poller(job_id, poll, timeout)
+        while not (job := await self.get_job(job_id)).finished:
+            await self._sleep(poller.pause(job))
+        return job
+
+    async def iter_job_pages(self, job_id: str, *, poll: float = 1.0,
+                             timeout: float | None = None) -> AsyncIterator[tuple[int, Page]]:
+        poller, after = Poller(job_id, poll, timeout), 0
+        while True:
+            job = await self.get_job(job_id)
+            while True:
+                chunk = await self._run(pages_call(job_id, after))
+                for seq, position, page in chunk.items:
+                    after = seq
+                    yield position, page
+                if not (chunk.has_more and chunk.items):
+                    break
+            if job.finished:
+                return
+            await self._sleep(poller.pause(job))
 
     async def health(self) -> bool: return await self._run(HEALTH)
     async def ready(self) -> bool: return await self._run(READY)

@@ -42,6 +42,7 @@ class Call:
     timeout: float | None = None  # per attempt; None: the client's
     probe: bool = False  # health/ready report the state now: one attempt, any failure reads as False
     on_page: Callable[[Page, int, int], None] | None = None  # set: the answer is /v1/ocr's event stream
+    headers: dict[str, str] | None = None  # sent with every attempt (beside X-Request-ID)
 
 
 def _is_data_url(image: ImageInput) -> TypeGuard[str]:
@@ -55,11 +56,8 @@ def _image_bytes(image: ImageInput) -> tuple[str, bytes]:
     return Path(image).name, Path(image).read_bytes()
 
 
-def ocr_call(images: Sequence[ImageInput], options: OcrOptions, *, many: bool = False) -> Call:
-    """POST /v1/ocr: one image as a multipart upload (a data URL as JSON ``image``), several as JSON
-    ``images`` in base64."""
-    if many and (isinstance(images, bytes | str | Path) or not images):
-        raise ValueError("ocr_many() takes a non-empty sequence of images")
+def ocr_body(options: OcrOptions) -> tuple[dict[str, Any], float | None, Callable | None]:
+    """/v1/ocr's options as its body (task defaulted, fields a list), and the call's timeout and on_page."""
     given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
     if unknown := set(given) - set(OcrOptions.__annotations__):
         raise TypeError(f"unexpected option(s): {', '.join(sorted(unknown))}")
@@ -71,9 +69,22 @@ def ocr_call(images: Sequence[ImageInput], options: OcrOptions, *, many: bool = 
         given["fields"] = given["fields"].split(",")
     if "fields" in given:
         given["fields"] = [f.strip() for f in given["fields"] if f.strip()]
-    body = {"task": "spotting", **given}
+    return {"task": "spotting", **given}, timeout, on_page
+
+
+def json_images(images: Sequence[ImageInput]) -> list[str]:
+    """Images for a JSON body: data URLs as they are, the rest in base64."""
+    return [i if _is_data_url(i) else base64.b64encode(_image_bytes(i)[1]).decode() for i in images]
+
+
+def ocr_call(images: Sequence[ImageInput], options: OcrOptions, *, many: bool = False) -> Call:
+    """POST /v1/ocr: one image as a multipart upload (a data URL as JSON ``image``), several as JSON
+    ``images`` in base64."""
+    if many and (isinstance(images, bytes | str | Path) or not images):
+        raise ValueError("ocr_many() takes a non-empty sequence of images")
+    body, timeout, on_page = ocr_body(options)
     if many or _is_data_url(images[0]):
-        pages = [i if _is_data_url(i) else base64.b64encode(_image_bytes(i)[1]).decode() for i in images]
+        pages = json_images(images)
         kwargs: dict[str, Any] = {"json": {"images": pages, **body} if many else {"image": pages[0], **body}}
     else:
         name, data = _image_bytes(images[0])

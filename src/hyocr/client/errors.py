@@ -41,6 +41,7 @@ class BadRequest(APIError): """400/413/415/422: parameters, image, size or forma
 class AuthenticationError(APIError): """401."""
 class PermissionDenied(APIError): """403."""
 class NotFound(APIError): """404."""
+class Conflict(APIError): """409: a job's result asked for before it succeeded (job_not_finished, ...)"""
 class RateLimited(APIError): """429 after the retries; ``retry_after``: when the server expects more."""
 class ServerError(APIError): """500 and other 5xx: the server failed on this request."""
 class ServiceUnavailable(APIError): """503 (not ready, overloaded, draining), 502/504 (a proxy, a deadline)"""
@@ -48,7 +49,7 @@ class ServiceUnavailable(APIError): """503 (not ready, overloaded, draining), 50
 
 _ERROR_CLASSES: dict[int, type[APIError]] = {
     400: BadRequest, 413: BadRequest, 415: BadRequest, 422: BadRequest, 401: AuthenticationError,
-    403: PermissionDenied, 404: NotFound, 429: RateLimited, 500: ServerError,
+    403: PermissionDenied, 404: NotFound, 409: Conflict, 429: RateLimited, 500: ServerError,
     502: ServiceUnavailable, 503: ServiceUnavailable, 504: ServiceUnavailable,
 }
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Self, Unpack
 
 import httpx
 
 from .base import _Base
 from .calls import HEALTH, MODELS, READY, Call, ImageInput, OcrOptions, chat_call, ocr_call
-from .results import OcrResult, read_events
+from .jobs import Job, JobList, Poller, cancel_call, get_call, list_call, pages_call, result_call, submit_call
+from .results import OcrResult, Page, read_events
 
 
 class HyocrClient(_Base):
@@ -23,13 +24,14 @@ class HyocrClient(_Base):
         state = self._retry_state(call)
         while True:
             timeout, request_id = state.start()
+            headers = {**(call.headers or {}), "X-Request-ID": request_id}
             try:
                 if call.on_page is None:
                     result: Any = self._http.request(call.method, call.path, timeout=timeout,
-                                                     headers={"X-Request-ID": request_id}, **call.kwargs)
+                                                     headers=headers, **call.kwargs)
                 else:
                     with self._http.stream(call.method, call.path, timeout=timeout,
-                                           headers={"X-Request-ID": request_id}, **call.kwargs) as result:
+                                           headers=headers, **call.kwargs) as result:
                         if result.is_success:
                             return read_events(result.iter_lines(), call.on_page)
                         result.read()
@@ -51,6 +53,57 @@ class HyocrClient(_Base):
     def chat(self, messages: list[dict], *, timeout: float | None = None, **body: Any) -> dict:
         """POST /v1/chat/completions, not streaming; ``body``: the rest of the OpenAI request."""
         return self._run(chat_call(messages, timeout, body))
+
+    # ------------------------------------------------------------------ jobs (/v1/jobs)
+
+    def submit_job(self, image_or_images: ImageInput | Sequence[ImageInput], *,
+                   idempotency_key: str | None = None, callback_url: str | None = None,
+                   callback_headers: Mapping[str, str] | None = None,
+                   **options: Unpack[OcrOptions]) -> Job:
+        """Queue a document (an image, a PDF, or several images as pages) to be read in the background."""
+        return self._run(submit_call(image_or_images, options, idempotency_key=idempotency_key,
+                                     callback_url=callback_url, callback_headers=callback_headers))
+
+    def get_job(self, job_id: str) -> Job: return self._run(get_call(job_id))
+    def job_result(self, job_id: str) -> OcrResult: return self._run(result_call(job_id))
+
+    def cancel_job(self, job_id: str) -> Job | None:
+        """Cancel an active job (its job object, status cancelled); a finished one is deleted (None)."""
+        return self._run(cancel_call(job_id))
+
+    def delete_job(self, job_id: str) -> None:
+        """Delete a job and its result, cancelling it first if it is still active."""
+        if self._run(cancel_call(job_id)) is not None:
+            self._run(cancel_call(job_id))
+
+    def list_jobs(self, limit: int = 20, after: str | None = None) -> JobList:
+        """The caller's jobs, newest first; ``after``: the last job id of the previous page."""
+        return self._run(list_call(limit, after))
+
+    def wait(self, job_id: str, *, poll: float = 1.0, timeout: float | None = None) -> Job:
+        """The job once finished (succeeded, failed or cancelled); raises ``Timeout`` after ``timeout`` s."""
+        poller = Poller(job_id, poll, timeout)
+        while not (job := self.get_job(job_id)).finished:
+            self._sleep(poller.pause(job))
+        return job
+
+    def iter_job_pages(self, job_id: str, *, poll: float = 1.0,
+                       timeout: float | None = None) -> Iterator[tuple[int, Page]]:
+        """(position, page) for each page as the job stores it (any order), until the job is finished and
+        every page has been given; raises ``Timeout`` after ``timeout`` s."""
+        poller, after = Poller(job_id, poll, timeout), 0
+        while True:
+            job = self.get_job(job_id)  # before the pages: finished now, the pages read next are all of them
+            while True:
+                chunk = self._run(pages_call(job_id, after))
+                for seq, position, page in chunk.items:
+                    after = seq
+                    yield position, page
+                if not (chunk.has_more and chunk.items):
+                    break
+            if job.finished:
+                return
+            self._sleep(poller.pause(job))
 
     # Related one-liners. health: the process answers; ready: the engine is loaded and answering. Both
     # report the state now: one attempt, False on any failure (503, unreachable).

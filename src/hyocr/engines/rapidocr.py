@@ -29,6 +29,7 @@ from ..hunyuan.spotting import to_spotting_text
 from ..types import EngineChunk, EngineRequest, FinishReason, Task, TextBlock
 from .base import Engine, EngineInfo
 from .registry import OCR_ONLY_TASKS
+from .slots import PrioritySlots
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -81,6 +82,7 @@ class RapidOcrEngine(Engine):
         self._pool: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._executor: ThreadPoolExecutor | None = None
         self._pace = Pace()
+        self._slots = PrioritySlots(workers)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RapidOcrEngine:
@@ -176,14 +178,15 @@ class RapidOcrEngine(Engine):
             started = time.perf_counter()
             return self._recognise(page.image, (page.width, page.height)), time.perf_counter() - started
 
-        work = loop.run_in_executor(self._executor, recognise)
-        try:
-            await asyncio.wait((began, work), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            work.cancel()  # still queued: it never runs; already running: it finishes unobserved
-            raise
-        yield EngineChunk()  # the start signal (no text): from now on the estimate applies, not the queue
-        blocks, seconds = await work
+        async with self._slots.slot(request.priority):  # online requests first; the pool never queues
+            work = loop.run_in_executor(self._executor, recognise)
+            try:
+                await asyncio.wait((began, work), return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                work.cancel()  # still queued: it never runs; already running: it finishes unobserved
+                raise
+            yield EngineChunk()  # the start signal (no text): from now on the estimate applies, not the queue
+            blocks, seconds = await work
         self._pace.observe(seconds, page.image.width * page.image.height)  # the pixels it read
         for i, block in enumerate(blocks):
             if request.task is Task.SPOTTING:

@@ -29,7 +29,8 @@ _ERROR_TYPES = {400: "invalid_request", 401: "authentication", 403: "permission"
                 429: "rate_limit", 499: "client_closed", 500: "internal", 502: "upstream",
                 503: "unavailable", 504: "timeout"}
 _ROUTES = frozenset({"/v1/ocr", "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready",
-                     "/metrics"})
+                     "/metrics", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/result",
+                     "/v1/jobs/{job_id}/pages"})
 # Probes and scrapes: counted in hyocr_requests_total (a /ready answering 503 is worth seeing), kept out of
 # the latency histogram, where a scrape every few seconds would drown the requests it is about.
 _UNTIMED = frozenset({"/health", "/ready", "/metrics"})
@@ -60,6 +61,11 @@ class Metrics:
                                multiprocess_mode="livesum")
         self.restarts = Gauge("hyocr_engine_restarts", "Engine restarts by the supervisor", registry=r,
                               multiprocess_mode="max")
+        # Jobs: counted from the jobs database (every process reads the same one: max, not a sum).
+        self.jobs = Gauge("hyocr_jobs", "Jobs by status", ["status"], registry=r, multiprocess_mode="max")
+        self.job_pages = Counter("hyocr_job_pages", "Pages read and stored by jobs", registry=r)
+        self.webhooks = Counter("hyocr_webhook_deliveries", "Webhook delivery attempts by result "
+                                "(delivered, retried, failed)", ["result"], registry=r)
         self._sources: dict[Gauge, object] = {}
         if service is not None:
             self.track(self.queue, lambda: service.admission.waiting)

@@ -41,6 +41,7 @@ class EngineRun:
             system=call.system,
             sampling=self.sampling(call.sampling),
             adapter=call.model if call.model in self.engine.info.adapters else None,
+            priority=call.priority,
         )
 
     async def stream(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:

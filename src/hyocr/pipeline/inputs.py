@@ -48,6 +48,15 @@ class Preview:
 
 
 @dataclass(frozen=True, slots=True)
+class Survey:
+    """What was sent, ready to be read later (``PageLoader.survey``): raw bytes, and how many pages."""
+
+    media: tuple[MediaInput, ...]  # as bytes: URLs fetched, base64 decoded
+    pdf: bool
+    pages: int  # the images, or the PDF's page count
+
+
+@dataclass(frozen=True, slots=True)
 class PageRequest:
     """How the caller wants documents read (only /v1/ocr, the UI and the CLI take PDFs)."""
 
@@ -127,6 +136,26 @@ class PageLoader:
         probes = await asyncio.to_thread(self._probe_all, (MediaInput(raw, first.param), *media[1:]), True)
         (page,) = await self._decode_all(probes[:1])
         return Preview(page, len(probes), False, len(probes))
+
+    async def survey(self, media: tuple[MediaInput, ...], accept_pdf: bool) -> Survey:
+        """What a read of ``media`` will find, for work stored to run later (the jobs): URLs fetched and
+        base64 decoded once (so a later read needs neither), every image's header checked and a PDF opened
+        (its first page rendered), by the rules a read applies."""
+        raws = []
+        for m in media:
+            if m.url:
+                raws.append(await fetch_image(m.data, self.fetch_policy, param=m.param))
+            elif isinstance(m.data, str):
+                raws.append(await asyncio.to_thread(
+                    decode_base64, m.data, self.limits, param=m.param,
+                    max_bytes=max(self.limits.max_image_bytes, self.limits.max_pdf_bytes)))
+            else:
+                raws.append(m.data)
+        plain = tuple(MediaInput(raw, m.param) for raw, m in zip(raws, media, strict=True))
+        found = await self.preview(plain) if accept_pdf or not any(is_pdf(r) for r in raws) else None
+        if found is None:
+            await asyncio.to_thread(self._probe_all, plain, False)  # raises: a PDF where none is taken
+        return Survey(plain, found is not None and found.pdf, found.pages if found else len(plain))
 
     def _reduced(self, page: PageImage) -> PageImage:
         target = self.memory.keep.target(*page.image.size) if page.image is not None else None

@@ -21,6 +21,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 
 from ..engines.base import Engine
 from ..engines.registry import engines_for
@@ -48,6 +49,18 @@ from .memory import MemoryPolicy
 from .pdf import PdfRenderer, RenderPlan
 from .progress import ProgressBoard
 from .reading import read_pages
+
+
+@dataclass(frozen=True, slots=True)
+class Surveyed:
+    """A call checked to be read later (``OcrService.survey``): its media as bytes, its pages counted."""
+
+    call: OcrCall
+    pdf: bool
+    pages: int  # the images, or the PDF's page count (before a pages= selection)
+    task: Task
+    requested_task: Task
+    model: str
 
 
 class OcrService:
@@ -145,6 +158,17 @@ class OcrService:
         UI shows it on upload). Not admitted: it decodes one page within the memory budget."""
         self._check_count(media)
         return await self.inputs.preview(media)
+
+    async def survey(self, call: OcrCall) -> Surveyed:
+        """``call`` checked for reading later (a job): the task resolved, its media fetched and decoded to
+        bytes, the pages counted. Not admitted: it decodes one page, as ``preview`` does."""
+        self._check_count(call.media)
+        task, requested = self.resolve_task(call)
+        survey = await self.inputs.survey(call.media, call.accept_pdf)
+        if call.pages is not None and not survey.pdf:
+            raise InvalidRequest("pages selects pages of a PDF; this request has images", param="pages")
+        model = call.model if call.model in self.engine.info.adapters else self.model
+        return Surveyed(replace(call, media=survey.media), survey.pdf, survey.pages, task, requested, model)
 
     # ----------------------------------------------------------------- admission and the deadline
 

@@ -24,8 +24,8 @@ from .deps import service_of, settings_of
 
 router = APIRouter(tags=["ocr"])
 
-_FORM_FIELDS = {"task", "fields", "language", "question", "prompt_language", "max_tokens", "temperature", "model",
-                "pages", "prefer_text_layer", "stream"}
+_FORM_FIELDS = frozenset({"task", "fields", "language", "question", "prompt_language", "max_tokens", "temperature",
+                          "model", "pages", "prefer_text_layer", "stream"})
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 _DOC = {
@@ -56,10 +56,13 @@ _DOC = {
 }
 
 
-async def _parse(request: Request) -> tuple[OcrJsonRequest, list[MediaInput]]:
+async def read_body(request: Request, model: type[OcrJsonRequest] = OcrJsonRequest,
+                    form_fields: frozenset[str] = _FORM_FIELDS) -> tuple[OcrJsonRequest, list[MediaInput]]:
+    """The /v1/ocr request (and the jobs API's, which takes the same): JSON, or a multipart upload whose
+    form fields validate into the same model."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json":
-        return OcrJsonRequest.model_validate_json(await request.body()), []
+        return model.model_validate_json(await request.body()), []
     if content_type == "multipart/form-data":
         settings = settings_of(request)
         try:
@@ -77,11 +80,11 @@ async def _parse(request: Request) -> tuple[OcrJsonRequest, list[MediaInput]]:
                 if key not in ("file", "files", "image"):
                     raise InvalidRequest(f"unexpected file field {key!r}; use 'file'", param=key)
                 uploads.append(MediaInput(await value.read(), param=key))
-            elif key in _FORM_FIELDS:
+            elif key in form_fields:
                 values[key] = value
             else:
                 raise InvalidRequest(f"unknown form field {key!r}", param=key)
-        return OcrJsonRequest.model_validate(values), uploads
+        return model.model_validate(values), uploads
     raise UnsupportedMediaType(
         "send multipart/form-data (field 'file') or application/json", param="content-type"
     )
@@ -96,7 +99,7 @@ async def _parse(request: Request) -> tuple[OcrJsonRequest, list[MediaInput]]:
     summary="Recognise text in images and PDFs: text, boxes in pixels, fields, markdown, per page",
 )
 async def ocr(request: Request):
-    body, uploads = await _parse(request)
+    body, uploads = await read_body(request)
     events = service_of(request).read(ocr_call(body, settings_of(request), uploads=uploads))
     if not body.stream:
         return ocr_body(await unless_disconnected(request, result_of(events)))

@@ -31,7 +31,14 @@ from ..base import EngineInfo, SharedEngine
 from ..registry import ALL_TASKS
 from . import compat
 from .compat import apply_version_workarounds, hunyuan_backend
-from .tuning import DEFAULT_MAX_NUM_BATCHED_TOKENS, VISION_ENCODER_ENV, preprocess_workers, size_engine
+from .tuning import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    VISION_ENCODER_ENV,
+    device_memory_bytes,
+    expected_tokens_of,
+    preprocess_workers,
+    size_engine,
+)
 
 if TYPE_CHECKING:
     from ...config import Settings
@@ -90,7 +97,7 @@ class VllmEngine(SharedEngine):
             revision=settings.revision,
             subfolder=settings.subfolder,
             lora_modules=parse_lora_modules(settings.lora_modules),
-            expected_tokens=settings.expected_tokens,
+            expected_tokens=expected_tokens_of(settings),
             preprocess_processes=(preprocess_workers(settings.preprocess_workers)
                                   if settings.preprocess == "processes" else 0),
             vision_encoder=settings.vision_encoder,
@@ -121,7 +128,8 @@ class VllmEngine(SharedEngine):
             if resolved != self.engine_args["model"]:  # a local folder now: the revision was applied
                 self.engine_args.update(model=resolved, tokenizer=resolved)
                 self.engine_args.pop("revision", None)
-            self.engine_args = size_engine(self.engine_args, expected_tokens=self.expected_tokens)
+            self.engine_args = size_engine(self.engine_args, expected_tokens=self.expected_tokens,
+                                           device_bytes=device_memory_bytes())
             # hyocr's worker extension (vision.py) is imported in the engine process before
             # the model is built; it reads the encoder choice from the environment that process inherits.
             self.engine_args.setdefault("worker_extension_cls", VISION_EXTENSION)
@@ -255,11 +263,14 @@ class VllmEngine(SharedEngine):
             prompt["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
         params = self.sampling_params(request)
         lora = self.lora_request(request.adapter)
+        # vLLM refuses a priority unless it schedules by priority (VLLM_ARGS {"scheduling_policy": "priority"})
+        ranked = {"priority": request.priority} if self.engine_args.get("scheduling_policy") == "priority" else {}
         completion = 0
         finished = False
         try:
             engine_input = await self.engine_input(prompt)
-            async for out in self.engine.generate(engine_input, params, request.request_id, lora_request=lora):
+            async for out in self.engine.generate(engine_input, params, request.request_id, lora_request=lora,
+                                                  **ranked):
                 prompt_tokens = len(out.prompt_token_ids or ())
                 result = out.outputs[0]
                 completion += len(result.token_ids)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,28 @@ def kv_bytes_per_token(config: dict, dtype: str = "auto") -> int:
     head_dim = int(text.get("head_dim") or text.get("attention_head_dim")
                    or text["hidden_size"] // text["num_attention_heads"])
     return 2 * layers * heads * head_dim * _DTYPE_BYTES.get(dtype, 2)
+
+
+# What a document page writes (markdown of an A4 page: ~1000 tokens, issue 18's measured workload).
+PAGE_OUTPUT_TOKENS = 1024
+PROMPT_TEXT_TOKENS = 32  # the chat template and the task prompt around the image
+
+
+def page_expected_tokens(min_pixels: int, max_pixels: int) -> int:
+    """EXPECTED_TOKENS by default: a document page at the pixel bound (the visual tokens of a max_pixels
+    square page, HunyuanOCR's own ceiling: 4162 at 2048x2048) with its prompt and a page's output (~5200).
+    Cards need a sixth of that; sized for pages, neither workload is preempted at MAX_NUM_SEQS."""
+    from ...hunyuan.geometry import PixelBounds, visual_tokens
+
+    side = math.isqrt(max_pixels)
+    return visual_tokens(side, side, PixelBounds(min_pixels, max_pixels)) + PROMPT_TEXT_TOKENS + PAGE_OUTPUT_TOKENS
+
+
+def expected_tokens_of(settings) -> int:
+    """EXPECTED_TOKENS as set, or a page's (the default)."""
+    if settings.expected_tokens is not None:
+        return settings.expected_tokens
+    return page_expected_tokens(settings.min_pixels, settings.max_pixels)
 
 
 def kv_cache_bytes(config: dict, *, max_num_seqs: int, expected_tokens: int, max_model_len: int | None,
@@ -72,8 +95,31 @@ def preprocess_workers(requested: int) -> int:
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-def size_engine(args: dict[str, Any], *, expected_tokens: int) -> dict[str, Any]:
-    """Fill in the KV cache size from the workload when the user chose neither a fraction nor a size."""
+# What the engine needs on the GPU besides the KV cache: HunyuanOCR's 1B weights (~2 GB), activations of
+# an 8192-token step with its images, CUDA graphs, the vision encoder's workspace.
+NON_KV_RESERVE_BYTES = 8 * 2**30
+DEVICE_FRACTION = 0.9  # of the GPU's memory, as vLLM's own default fraction leaves headroom
+
+
+def device_memory_bytes() -> int | None:
+    """GPU 0's memory from NVML (extra gpu), which does not initialise CUDA in this process (vLLM forks its
+    engine core only while CUDA is uninitialised); None without NVML or a GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no library, no driver, no GPU: size as asked
+        return None
+
+
+def size_engine(args: dict[str, Any], *, expected_tokens: int, device_bytes: int | None = None) -> dict[str, Any]:
+    """Fill in the KV cache size from the workload when the user chose neither a fraction nor a size. On a
+    GPU too small for it (a 24 GB card at the page-sized default), vLLM's fraction instead: the most the
+    card holds, with a warning that fewer pages run at once."""
     if "gpu_memory_utilization" in args or "kv_cache_memory_bytes" in args or not expected_tokens:
         return args
     config = load_config(args["model"], args.get("revision"))
@@ -82,6 +128,13 @@ def size_engine(args: dict[str, Any], *, expected_tokens: int) -> dict[str, Any]
         return args
     size = kv_cache_bytes(config, max_num_seqs=args.get("max_num_seqs", 64), expected_tokens=expected_tokens,
                           max_model_len=args.get("max_model_len"), dtype=args.get("dtype", "auto"))
-    log.info("KV cache sized from the workload: %d sequences x %d tokens -> %.2f GiB",
-             args.get("max_num_seqs", 64), expected_tokens, size / 2**30)
+    seqs = args.get("max_num_seqs", 64)
+    room = (device_bytes * DEVICE_FRACTION - NON_KV_RESERVE_BYTES) if device_bytes else None
+    if room is not None and size > room:
+        log.warning("KV cache for %d sequences x %d tokens (%.1f GiB) does not fit this GPU (%.0f GiB): using "
+                    "%.0f%% of it instead; fewer pages run at once (lower MAX_NUM_SEQS or EXPECTED_TOKENS to "
+                    "choose)", seqs, expected_tokens, size / 2**30, device_bytes / 2**30, DEVICE_FRACTION * 100)
+        return {**args, "gpu_memory_utilization": DEVICE_FRACTION}
+    log.info("KV cache sized from the workload: %d sequences x %d tokens -> %.2f GiB", seqs, expected_tokens,
+             size / 2**30)
     return {**args, "kv_cache_memory_bytes": size}

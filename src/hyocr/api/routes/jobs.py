@@ -1,0 +1,94 @@
+"""/v1/jobs: documents read in the background, stored, and fetched when done (202 + polling, webhooks).
+
+POST takes what /v1/ocr takes; the job belongs to the caller (API key or JWT subject): another caller gets
+404. An Idempotency-Key makes a retried submit return the same job.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ...errors import InvalidRequest
+from ...jobs.service import Callback, Jobs
+from ..bodies import job_body, job_page_body, ocr_body
+from ..convert import ocr_call
+from ..protocol import ErrorResponse, JobJsonRequest
+from .deps import settings_of
+from .ocr import _DOC, _FORM_FIELDS, read_body
+
+router = APIRouter(tags=["jobs"])
+_ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}}
+_JOB_FORM_FIELDS = (_FORM_FIELDS - {"stream"}) | {"callback_url"}
+_JSON_LINES = "application/x-ndjson"
+
+
+def _jobs(request: Request) -> Jobs:
+    jobs = getattr(request.app.state, "jobs", None)
+    if jobs is None:
+        raise InvalidRequest("the jobs API is off on this server (HYOCR_JOBS=false)", code="jobs_disabled")
+    return jobs
+
+
+def _owner(request: Request) -> str:
+    return request.scope.get("state", {}).get("principal") or "anonymous"
+
+
+@router.post("/v1/jobs", status_code=202, responses=_ERRORS, openapi_extra=_DOC,
+             summary="Submit images or a PDF to read in the background; poll the job or get a webhook")
+async def submit(request: Request):
+    body, uploads = await read_body(request, JobJsonRequest, _JOB_FORM_FIELDS)
+    if body.stream:
+        raise InvalidRequest("a job is not streamed: poll GET /v1/jobs/{id}/pages for pages as they finish",
+                             param="stream")
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 1 <= len(key) <= 256:
+        raise InvalidRequest("Idempotency-Key must be 1 to 256 characters", param="Idempotency-Key")
+    callback = Callback(body.callback_url, body.callback_headers) if body.callback_url else None
+    job, created = await _jobs(request).submit(_owner(request), ocr_call(body, settings_of(request), uploads=uploads),
+                                               idempotency_key=key, callback=callback)
+    return JSONResponse(job_body(job), status_code=202 if created else 200,
+                        headers={"Location": f"/v1/jobs/{job.id}", "Retry-After": "1"})
+
+
+@router.get("/v1/jobs", responses=_ERRORS, summary="The caller's jobs, newest first")
+async def list_jobs(request: Request, limit: int = 20, after: str | None = None):
+    found, more = await _jobs(request).list(_owner(request), limit=limit, after=after)
+    return {"object": "list", "data": [job_body(j) for j in found], "has_more": more,
+            "last_id": found[-1].id if found else None}
+
+
+@router.get("/v1/jobs/{job_id}", responses=_ERRORS, summary="A job's status and progress")
+async def get_job(request: Request, job_id: str):
+    job = await _jobs(request).get(_owner(request), job_id)
+    headers = None if job.finished else {"Retry-After": "1"}
+    return JSONResponse(job_body(job), headers=headers)
+
+
+@router.get("/v1/jobs/{job_id}/result", responses=_ERRORS, summary="The /v1/ocr result of a succeeded job")
+async def job_result(request: Request, job_id: str):
+    return ocr_body(await _jobs(request).result(_owner(request), job_id))
+
+
+@router.get("/v1/jobs/{job_id}/pages", responses=_ERRORS,
+            summary="Pages stored so far, in the order they finished (JSON, or JSON lines)")
+async def job_pages(request: Request, job_id: str, after: int = 0, limit: int = 100):
+    if not 1 <= limit <= 1000:
+        raise InvalidRequest("limit must be 1 to 1000", param="limit")
+    found, more = await _jobs(request).pages(_owner(request), job_id, after=after, limit=limit)
+    data = [job_page_body(seq, position, page) for seq, position, page in found]
+    if _JSON_LINES in request.headers.get("accept", ""):
+        lines = (json.dumps(item, ensure_ascii=False) + "\n" for item in data)
+        return StreamingResponse(lines, media_type=_JSON_LINES, headers={"X-Has-More": str(more).lower()})
+    return {"object": "list", "data": data, "has_more": more, "last_seq": data[-1]["seq"] if data else after}
+
+
+@router.delete("/v1/jobs/{job_id}", responses=_ERRORS,
+               summary="Cancel an active job (its engine work stops), or delete a finished one")
+async def delete_job(request: Request, job_id: str):
+    cancelled = await _jobs(request).cancel_or_delete(_owner(request), job_id)
+    if cancelled is not None:
+        return job_body(cancelled)
+    return {"id": job_id, "object": "ocr.job.deleted", "deleted": True}

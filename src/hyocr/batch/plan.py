@@ -1,0 +1,161 @@
+"""What a batch reads: INPUTs (files, folders, globs, ``.jsonl`` manifests) expanded to documents, each
+with a stable key and output name, and the options it is read with. No I/O beyond listing and sniffing."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Read from folders (and from globs that match folders): these extensions, or these first bytes.
+DOCUMENT_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".tif", ".tiff", ".bmp", ".jp2",
+                                 ".j2k", ".pdf"})
+_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"II*\x00", b"MM\x00*", b"%PDF-")
+# A manifest line's keys beside "path": options for that document only.
+OPTION_KEYS = ("task", "fields", "language", "question", "pages", "prefer_text_layer")
+_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class PlanError(Exception):
+    """An INPUT that cannot be expanded (missing, a bad manifest line): the batch does not start."""
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    path: Path  # absolute
+    rel: str  # the path relative to its INPUT's root (a folder, a glob's fixed part, a manifest's folder)
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # a manifest line's options
+
+    @property
+    def key(self) -> str:
+        """Names the document in the state file: its absolute path, and its own options if it has any (so a
+        manifest may list one file twice with different tasks)."""
+        if not self.overrides:
+            return str(self.path)
+        return f"{self.path}?{json.dumps(dict(self.overrides), sort_keys=True, ensure_ascii=False)}"
+
+    @property
+    def name(self) -> str:
+        """Its output file: the relative path made safe, and a short hash of the key (unique, stable)."""
+        stem = _NAME_CHARS.sub("_", self.rel.replace(os.sep, "__").replace("/", "__")).strip("._") or "doc"
+        return f"{stem[:120]}-{hashlib.sha256(self.key.encode()).hexdigest()[:10]}.json"
+
+    def options(self, defaults: Mapping[str, Any]) -> dict[str, Any]:
+        return {**defaults, **self.overrides}
+
+
+def options_fingerprint(options: Mapping[str, Any]) -> str:
+    """A short hash of the options a document is read with: a rerun with other options reads it again."""
+    canonical = json.dumps({k: v for k, v in options.items() if v not in (None, False, ())}, sort_keys=True,
+                           default=list)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def is_document(path: Path) -> bool:
+    """An image or a PDF, by its extension or else its first bytes."""
+    if path.suffix.lower() in DOCUMENT_EXTENSIONS:
+        return True
+    try:
+        with path.open("rb") as f:
+            head = f.read(16)
+    except OSError:
+        return False
+    return head.startswith(_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+
+
+def expand(inputs: Iterable[str | Path], *, exclude: Path | None = None) -> list[Document]:
+    """Documents in INPUT order (a folder's and a glob's sorted), each once (the first mention wins).
+    ``exclude``: a folder never read (the output folder)."""
+    found: dict[str, Document] = {}
+    skip = exclude.resolve() if exclude is not None else None
+    for given in inputs:
+        for doc in _expand_one(str(given), {}):
+            if skip is not None and doc.path.is_relative_to(skip):
+                continue
+            found.setdefault(doc.key, doc)
+    return list(found.values())
+
+
+def _expand_one(given: str, overrides: Mapping[str, Any]) -> Iterable[Document]:
+    path = Path(given).expanduser()
+    if path.is_file() and path.suffix.lower() == ".jsonl" and not overrides:
+        yield from _manifest(path)
+    elif path.is_dir():
+        yield from _folder(path, overrides)
+    elif path.is_file():
+        yield Document(path.resolve(), path.name, overrides)
+    elif glob.has_magic(given):
+        root = _glob_root(given)
+        matches = sorted(glob.glob(os.path.expanduser(given), recursive=True))
+        if not matches:
+            raise PlanError(f"{given}: no file matches")
+        for match in map(Path, matches):
+            if match.is_dir():
+                yield from _folder(match, overrides, root)
+            elif match.is_file():
+                yield Document(match.resolve(), _rel(match, root), overrides)
+    else:
+        raise PlanError(f"{given}: no such file or folder")
+
+
+def _folder(folder: Path, overrides: Mapping[str, Any], root: Path | None = None) -> Iterable[Document]:
+    root = root or folder
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if not name.startswith(".") and path.is_file() and is_document(path):
+                yield Document(path.resolve(), _rel(path, root), overrides)
+
+
+def _glob_root(pattern: str) -> Path:
+    """The folder above a glob's first wildcard: names are relative to it."""
+    parts = Path(os.path.expanduser(pattern)).parts
+    fixed = list(_takewhile_fixed(parts))
+    return Path(*fixed) if fixed else Path(".")
+
+
+def _takewhile_fixed(parts: tuple[str, ...]) -> Iterable[str]:
+    for part in parts[:-1]:
+        if glob.has_magic(part):
+            return
+        yield part
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.name
+
+
+def _manifest(manifest: Path) -> Iterable[Document]:
+    """One JSON object a line: ``{"path": ..., "task": ..., "pages": ...}``; paths relative to the manifest's
+    folder; blank lines and lines starting with # are skipped."""
+    base = manifest.parent
+    for number, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{manifest}:{number}"
+        try:
+            entry = json.loads(line)
+        except ValueError as exc:
+            raise PlanError(f"{where}: not JSON ({exc})") from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise PlanError(f'{where}: expected an object with "path"')
+        if unknown := set(entry) - {"path", *OPTION_KEYS}:
+            raise PlanError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        overrides = {k: v for k, v in entry.items() if k != "path" and v is not None}
+        target = Path(entry["path"]).expanduser()
+        target = target if target.is_absolute() else base / target
+        if not target.exists() and not glob.has_magic(str(target)):
+            raise PlanError(f"{where}: {entry['path']}: no such file or folder")
+        for doc in _expand_one(str(target), overrides):
+            yield Document(doc.path, _rel(doc.path, base) if doc.path.is_relative_to(base.resolve())
+                           else doc.rel, doc.overrides)

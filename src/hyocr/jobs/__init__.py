@@ -1,0 +1,1 @@
+"""Durable OCR jobs: submitted, stored, read in the background, delivered."""

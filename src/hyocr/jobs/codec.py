@@ -1,0 +1,60 @@
+"""What a job stores, as JSON: the call to make (without its media, kept as blobs beside it) and each page's
+result. Internal values only; the wire bodies are built from them by api/bodies.py, as for /v1/ocr."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields, replace
+from typing import Any
+
+from ..types import FinishReason, OcrCall, PageResult, SamplingParams, Task, TextBlock, Usage
+
+_CALL_FIELDS = tuple(f.name for f in fields(OcrCall) if f.name != "media")
+
+
+def call_to_json(call: OcrCall) -> dict[str, Any]:
+    out = {name: getattr(call, name) for name in _CALL_FIELDS}
+    out["task"] = call.task.value
+    out["fields"] = list(call.fields)
+    out["sampling"] = asdict(call.sampling)
+    out["sampling"]["stop"] = list(call.sampling.stop)
+    return out
+
+
+def call_from_json(data: dict[str, Any]) -> OcrCall:
+    sampling = dict(data["sampling"])
+    sampling["stop"] = tuple(sampling.get("stop") or ())
+    values = {name: data[name] for name in _CALL_FIELDS if name in data}
+    values.update(task=Task(data["task"]), fields=tuple(data.get("fields") or ()),
+                  sampling=SamplingParams(**sampling))
+    return OcrCall(media=(), **values)
+
+
+def page_to_json(page: PageResult) -> dict[str, Any]:
+    out = asdict(page)
+    out["finish_reason"] = page.finish_reason.value
+    out["blocks"] = [_block_json(b) for b in page.blocks]
+    return out
+
+
+def page_from_json(data: dict[str, Any]) -> PageResult:
+    values = dict(data)
+    values["finish_reason"] = FinishReason(values["finish_reason"])
+    values["usage"] = Usage(**values["usage"])
+    values["blocks"] = tuple(_block(b) for b in values["blocks"])
+    return PageResult(**values)
+
+
+def at_position(page: PageResult, position: int, pdf: bool) -> PageResult:
+    """A job's images are numbered through the job (each range is a request of its own, where an image's
+    index is its place in that request); a PDF's pages keep their page index."""
+    return page if pdf else replace(page, index=position)
+
+
+def _block_json(block: TextBlock) -> dict[str, Any]:
+    return {"text": block.text, "box": list(block.box) if block.box else None, "score": block.score,
+            "polygon": [list(p) for p in block.polygon] if block.polygon else None}
+
+
+def _block(data: dict[str, Any]) -> TextBlock:
+    return TextBlock(data["text"], tuple(data["box"]) if data.get("box") else None, data.get("score"),
+                     tuple(tuple(p) for p in data["polygon"]) if data.get("polygon") else None)

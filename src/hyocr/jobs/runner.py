@@ -1,0 +1,217 @@
+"""JobRunner: reads stored jobs in the background, range by range, through the same ``OcrService.read`` as
+/v1/ocr (admission, deadline, watchdog and all), below online traffic.
+
+Online requests come first: a range starts only while fewer than (1 - JOB_ONLINE_RESERVE) x MAX_CONCURRENCY
+requests are in flight and none is queued, and at most JOB_WORKERS ranges run at once. Each page is stored
+as it finishes; a range that stops half-way (a crash, a restart, a retryable error) is read again for the
+pages it has not stored. A lease, renewed while the range runs, frees the range of a replica that died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..errors import HyocrError
+from ..pipeline.service import OcrService
+from ..types import FinishReason, PageRead, PageResult
+from .codec import at_position
+from .store import Claim, JobRecord, JobStore
+from .webhooks import Delivery, WebhookSigner, deliver, event_body
+
+log = logging.getLogger("hyocr.jobs")
+BACKGROUND = 1  # EngineRequest.priority of a job's pages: after every waiting online request
+
+
+class JobRunner:
+    def __init__(self, store: JobStore, service: OcrService, settings, *, signer: WebhookSigner | None = None,
+                 describe: Callable[[JobRecord], dict] | None = None, metrics=None, poll: float = 0.5) -> None:
+        self.store = store
+        self.describe = describe  # a job's wire object, for its webhook (the api layer's job_body)
+        self.service = service
+        self.settings = settings
+        self.signer = signer
+        self.metrics = metrics
+        self.poll = poll
+        self.replica = uuid.uuid4().hex[:16]
+        self.wake = asyncio.Event()  # a job was submitted, or a range ended: look for work now
+        self._ranges: dict[int, asyncio.Task] = {}
+        self._job_of: dict[int, str] = {}  # range id -> its job, for stopping a cancelled job's ranges here
+        self._loops: list[asyncio.Task] = []
+
+    # ------------------------------------------------------------------ life
+
+    def start(self) -> None:
+        self._loops = [asyncio.create_task(loop()) for loop in (self._dispatch, self._deliver, self._sweep)]
+
+    async def stop(self) -> None:
+        """Stop reading: ranges in progress are given back at once (not left to their lease), so a restart
+        or another replica picks them up; their stored pages stay."""
+        for task in [*self._loops, *self._ranges.values()]:
+            task.cancel()
+        await asyncio.gather(*self._loops, *self._ranges.values(), return_exceptions=True)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _room(self) -> bool:
+        admission = self.service.admission
+        online_cap = admission.max_concurrency * (1 - self.settings.job_online_reserve)
+        return (len(self._ranges) < self.settings.job_workers and admission.waiting == 0
+                and admission.in_flight < max(1.0, online_cap))
+
+    async def _dispatch(self) -> None:
+        while True:
+            try:
+                while self._room() and (claim := await self.store.claim(
+                        self.replica, max_running=self.settings.job_max_running)) is not None:
+                    task = asyncio.create_task(self._run(claim))
+                    self._ranges[claim.range_id], self._job_of[claim.range_id] = task, claim.job_id
+                    task.add_done_callback(self._forget)
+                await self._refresh_metrics()
+            except Exception:  # the database went away for a moment: try again at the next poll
+                log.exception("job dispatch failed")
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll):
+                    await self.wake.wait()
+
+    def _forget(self, task: asyncio.Task) -> None:
+        for range_id in [r for r, t in self._ranges.items() if t is task]:
+            del self._ranges[range_id], self._job_of[range_id]
+
+    def stop_job(self, job_id: str) -> None:
+        """Stop this replica's ranges of a cancelled job now (other replicas stop at their next renewal)."""
+        for range_id, owner in list(self._job_of.items()):
+            if owner == job_id:
+                self._ranges[range_id].cancel()
+
+    async def _run(self, claim: Claim) -> None:
+        renewing = asyncio.create_task(self._renew(claim, asyncio.current_task()))
+        try:
+            await self._read(claim)
+            await self.store.finish_range(claim.range_id, self.replica)
+            await self._maybe_complete(claim.job_id)
+        except asyncio.CancelledError:  # cancelled job, lost lease, or stopping: the pages stored stay
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.store.release_range(claim.range_id, self.replica, tried=False))
+            raise
+        except HyocrError as exc:
+            await self._failed(claim, exc)
+        except Exception:
+            log.exception("job %s range %d failed", claim.job_id, claim.range_id)
+            await self.store.release_range(claim.range_id, self.replica, not_before=time.time() + 5)
+        finally:
+            renewing.cancel()
+            self.wake.set()
+
+    async def _read(self, claim: Claim) -> None:
+        stored = await self.store.stored_positions(claim.job_id, claim.positions)
+        todo = [(pos, item) for pos, item in zip(claim.positions, claim.items, strict=True) if pos not in stored]
+        if not todo:
+            return
+        if claim.attempts > self.settings.job_max_attempts:  # a range that took its replica down, again
+            await self._error_pages(claim, todo, "this page was not read: its reading failed repeatedly")
+            return
+        if claim.pdf:
+            call = replace(claim.call, pages=",".join(str(item + 1) for _, item in todo))
+        else:
+            by_n = dict(zip(claim.items, claim.call.media, strict=False))
+            call = replace(claim.call, media=tuple(by_n[item] for _, item in todo), pages=None)
+        call = replace(call, priority=BACKGROUND)
+        positions = [pos for pos, _ in todo]
+        events = self.service.read(call, request_id=f"{claim.job_id}-r{claim.range_id}")
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, PageRead):
+                    position = positions[event.position]
+                    page = at_position(event.page, position, claim.pdf)
+                    if await self.store.put_page(claim.job_id, position, page):
+                        self._count_page()
+
+    async def _failed(self, claim: Claim, exc: HyocrError) -> None:
+        """A retryable failure (overload, a restarting engine, a deadline) is tried again later, up to
+        JOB_MAX_ATTEMPTS; anything else (the document itself) makes its pages error pages."""
+        if exc.status >= 500 and claim.attempts < self.settings.job_max_attempts:
+            delay = min(60.0, 2.0 ** claim.attempts)
+            log.warning("job %s range %d: %s; again in %gs", claim.job_id, claim.range_id, exc.message, delay)
+            await self.store.release_range(claim.range_id, self.replica, not_before=time.time() + delay)
+            return
+        stored = await self.store.stored_positions(claim.job_id, claim.positions)
+        todo = [(p, i) for p, i in zip(claim.positions, claim.items, strict=True) if p not in stored]
+        await self._error_pages(claim, todo, exc.message if exc.public else "the engine failed on this page")
+        await self.store.finish_range(claim.range_id, self.replica)
+        await self._maybe_complete(claim.job_id)
+
+    async def _error_pages(self, claim: Claim, todo: list[tuple[int, int]], message: str) -> None:
+        for position, item in todo:
+            index = item if claim.pdf else position
+            await self.store.put_page(claim.job_id, position, PageResult(
+                index, 0, 0, "", finish_reason=FinishReason.ERROR, error=message))
+
+    async def _renew(self, claim: Claim, reader: asyncio.Task) -> None:
+        """Hold the lease while reading; stop the reading (and the engine's work) when the job is cancelled
+        or deleted, or the lease was lost to another replica."""
+        while True:
+            await asyncio.sleep(self.store.lease / 3)
+            status = await self.store.renew(claim.range_id, self.replica)
+            if status != "running":
+                log.info("job %s range %d stops: %s", claim.job_id, claim.range_id, status or "lease lost")
+                reader.cancel()
+                return
+
+    async def _maybe_complete(self, job_id: str) -> None:
+        job = await self.store.complete_if_done(job_id, retention=self.settings.job_retention)
+        if job is not None:
+            log.info("job %s %s: %d pages (%d failed)", job.id, job.status, job.pages_done, job.pages_failed)
+            await self.notify(job)
+
+    # ------------------------------------------------------------------ webhooks, retention, metrics
+
+    async def notify(self, job: JobRecord) -> None:
+        """Queue the job's webhook (durably: delivered after a restart too)."""
+        if not job.callback_url or self.signer is None or self.describe is None:
+            return
+        body = event_body(f"job.{job.status}", self.describe(job), time.time())
+        await self.store.add_delivery(f"{job.id}.{job.status}", job.id, job.callback_url,
+                                      job.callback_headers, body)
+
+    async def _deliver(self) -> None:
+        while True:
+            try:
+                for due in await self.store.due_deliveries(time.time()):
+                    outcome = await deliver(
+                        Delivery(due.id, due.url, due.headers, due.body, due.attempt), self.signer,
+                        self.service.inputs.fetch_policy, timeout=self.settings.webhook_timeout,
+                        max_attempts=self.settings.webhook_max_attempts)
+                    await self.store.delivery_tried(due.id, attempt=due.attempt, delivered=outcome.delivered,
+                                                    retry_in=outcome.retry_in, status=outcome.status,
+                                                    error=outcome.error)
+                    if self.metrics is not None:
+                        result = "delivered" if outcome.delivered else "retried" if outcome.retry_in else "failed"
+                        self.metrics.webhooks.labels(result).inc()
+            except Exception:
+                log.exception("webhook delivery failed")
+            await asyncio.sleep(self.poll)
+
+    async def _sweep(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                if deleted := await self.store.sweep(time.time()):
+                    log.info("deleted %d jobs past their retention", deleted)
+            await asyncio.sleep(min(60.0, self.settings.job_retention / 4))
+
+    def _count_page(self) -> None:
+        if self.metrics is not None:
+            self.metrics.job_pages.inc()
+
+    async def _refresh_metrics(self) -> None:
+        if self.metrics is None:
+            return
+        counts = await self.store.counts()
+        for status in ("queued", "running", "succeeded", "failed", "cancelled"):
+            self.metrics.jobs.labels(status).set(counts.get(status, 0))

@@ -1,0 +1,97 @@
+"""The jobs database: five tables, SQLAlchemy Core, the same on SQLite and PostgreSQL.
+
+A job's pages are cut into ranges at submission; a range is claimed by a replica with a lease (a
+conditional UPDATE, so two replicas never hold one range), and each page's result is a row keyed by
+(job, position): storing a page twice is a no-op, so a range run again after a crash skips what is stored
+and never counts a page twice.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+jobs = Table(
+    "hyocr_jobs", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("owner", String(256), nullable=False),
+    Column("idempotency_key", String(256)),
+    Column("status", String(16), nullable=False),  # queued | running | succeeded | failed | cancelled
+    Column("created_at", Float, nullable=False),
+    Column("started_at", Float),
+    Column("finished_at", Float),
+    Column("expires_at", Float),
+    Column("call", JSON, nullable=False),  # codec.call_to_json: the OcrCall without its media
+    Column("pdf", Integer, nullable=False),  # 1: one PDF (item 0); 0: images
+    Column("pages_total", Integer, nullable=False),
+    Column("task", String(32), nullable=False),
+    Column("requested_task", String(32), nullable=False),
+    Column("model", String(256), nullable=False),
+    Column("engine", String(64), nullable=False),
+    Column("error", JSON),  # {"message", "type", "code"} when failed
+    Column("callback_url", String(2048)),
+    Column("callback_headers", JSON),
+    UniqueConstraint("owner", "idempotency_key", name="hyocr_jobs_idempotency"),
+    Index("hyocr_jobs_owner_created", "owner", "created_at"),
+    Index("hyocr_jobs_status", "status", "created_at"),
+)
+
+inputs = Table(
+    "hyocr_job_inputs", metadata,
+    Column("job_id", String(64), ForeignKey("hyocr_jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("n", Integer, primary_key=True),
+    Column("param", String(64), nullable=False),
+    Column("data", LargeBinary, nullable=False),
+)
+
+ranges = Table(
+    "hyocr_job_ranges", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(64), ForeignKey("hyocr_jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("positions", JSON, nullable=False),  # the job positions it reads, in order
+    Column("items", JSON, nullable=False),  # per position: the PDF's page index (0-based), or the input n
+    Column("state", String(16), nullable=False),  # pending | running | done
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("lease_until", Float),
+    Column("claimed_by", String(64)),
+    Column("not_before", Float, nullable=False, default=0.0),
+    Index("hyocr_job_ranges_state", "state", "job_id"),
+)
+
+pages = Table(
+    "hyocr_job_pages", metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),  # the order pages were stored in
+    Column("job_id", String(64), ForeignKey("hyocr_jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("failed", Integer, nullable=False),
+    Column("result", JSON, nullable=False),  # codec.page_to_json
+    UniqueConstraint("job_id", "position", name="hyocr_job_pages_once"),
+)
+
+deliveries = Table(
+    "hyocr_webhook_deliveries", metadata,
+    Column("id", String(96), primary_key=True),  # the webhook-id: the same on every retry
+    Column("job_id", String(64), nullable=False),
+    Column("url", String(2048), nullable=False),
+    Column("headers", JSON),
+    Column("body", LargeBinary, nullable=False),
+    Column("attempt", Integer, nullable=False, default=0),
+    Column("next_at", Float, nullable=False),
+    Column("state", String(16), nullable=False),  # pending | delivered | failed
+    Column("last_status", Integer),
+    Column("last_error", String(1024)),
+    Index("hyocr_webhook_deliveries_due", "state", "next_at"),
+)

@@ -1,0 +1,123 @@
+"""Jobs: what the /v1/jobs routes call. Submission checks a call as a read would (task, media, pages) and
+stores it cut into page ranges; the runner reads them later; results are read back from the store."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from ..errors import Conflict, InvalidRequest, NotFound
+from ..pipeline.pdf_worker import parse_pages
+from ..pipeline.service import OcrService
+from ..types import OcrCall, OcrResult, PageResult, Task, Usage
+from .runner import JobRunner
+from .store import JobRecord, JobStore, database_url
+from .webhooks import WebhookSigner, check_callback_url, load_secret
+
+log = logging.getLogger("hyocr.jobs")
+
+
+@dataclass(frozen=True, slots=True)
+class Callback:
+    url: str
+    headers: dict[str, str] | None = None
+
+
+class Jobs:
+    def __init__(self, store: JobStore, runner: JobRunner, service: OcrService, settings) -> None:
+        self.store = store
+        self.runner = runner
+        self.service = service
+        self.settings = settings
+
+    @classmethod
+    def from_settings(cls, service: OcrService, settings, *, describe, metrics=None) -> Jobs:
+        store = JobStore(database_url(settings), lease=settings.job_lease)
+        runner = JobRunner(store, service, settings, describe=describe, metrics=metrics)
+        return cls(store, runner, service, settings)
+
+    async def open(self) -> None:
+        """Open the database (before the engine loads: a wrong URL fails in a second, not after a model
+        load). At start, not when the app is built: a generated webhook secret is written by a server that runs."""
+        try:
+            secret = self.settings.webhook_secret
+            self.runner.signer = WebhookSigner(load_secret(secret.get_secret_value() if secret else None,
+                                                           self.settings.data_path))
+            await self.store.open()
+        except (RuntimeError, ValueError, OSError) as exc:  # the one line an operator needs, before
+            log.error("jobs: %s", exc)  # uvicorn's traceback
+            raise
+
+    def start(self) -> None:
+        """Start reading, once the engine is up: stored jobs resume (their ranges are pending, or free once
+        the lease of the process that held them ends)."""
+        self.runner.start()
+
+    async def stop(self) -> None:
+        await self.runner.stop()
+        await self.store.close()
+
+    async def submit(self, owner: str, call: OcrCall, *, idempotency_key: str | None,
+                     callback: Callback | None) -> tuple[JobRecord, bool]:
+        if idempotency_key is not None and (known := await self.store.get_by_key(owner, idempotency_key)):
+            return known, False  # before any work: a retried submit costs a lookup
+        if callback is not None:
+            await check_callback_url(callback.url, self.service.inputs.fetch_policy)
+        surveyed = await self.service.survey(call)
+        if surveyed.pdf:
+            items = list(parse_pages(surveyed.call.pages, surveyed.pages, self.settings.job_max_pages))
+        else:
+            items = list(range(surveyed.pages))
+        range_pages = self.settings.job_range_pages if surveyed.pdf else min(
+            self.settings.job_range_pages, self.settings.max_images_per_request)
+        job, created = await self.store.submit(
+            owner=owner, idempotency_key=idempotency_key, call=surveyed.call, pdf=surveyed.pdf, items=items,
+            range_pages=range_pages, task=surveyed.task.value, requested_task=surveyed.requested_task.value,
+            model=surveyed.model, engine=self.service.engine.info.name,
+            callback_url=callback.url if callback else None, callback_headers=callback.headers if callback else None)
+        self.runner.wake.set()
+        return job, created
+
+    async def get(self, owner: str, job_id: str) -> JobRecord:
+        job = await self.store.get(owner, job_id)
+        if job is None:  # another caller's job is not found either: its existence is not theirs to know
+            raise NotFound(f"no job {job_id!r}", param="job_id", code="job_not_found")
+        return job
+
+    async def result(self, owner: str, job_id: str) -> OcrResult:
+        job = await self.get(owner, job_id)
+        if job.status in ("queued", "running"):
+            raise Conflict(f"job {job.id} is {job.status}: {job.pages_done} of {job.pages_total} pages read",
+                           code="job_not_finished", headers={"Retry-After": "2"})
+        if job.status != "succeeded":
+            message = (job.error or {}).get("message") or job.status
+            raise Conflict(f"job {job.id} {job.status}: {message}", code=f"job_{job.status}")
+        pages = tuple(await self.store.result_pages(job.id))
+        usage = sum((p.usage for p in pages), Usage())
+        elapsed = ((job.finished_at or time.time()) - (job.started_at or job.created_at)) * 1000
+        return OcrResult(id=job.id, model=job.model, engine=job.engine, task=Task(job.task),
+                         requested_task=Task(job.requested_task), pages=pages, usage=usage,
+                         timings={"queued_ms": round(((job.started_at or job.created_at) - job.created_at) * 1000, 2),
+                                  "total_ms": round(elapsed, 2)})
+
+    async def pages(self, owner: str, job_id: str, *, after: int, limit: int
+                    ) -> tuple[list[tuple[int, int, PageResult]], bool]:
+        job = await self.get(owner, job_id)
+        return await self.store.pages_after(job.id, after, limit)
+
+    async def cancel_or_delete(self, owner: str, job_id: str) -> JobRecord | None:
+        """An active job is cancelled (returned, cancelled; its webhook queued); a finished one deleted (None)."""
+        job = await self.get(owner, job_id)
+        if not job.finished and await self.store.cancel(owner, job_id, self.settings.job_retention):
+            self.runner.stop_job(job_id)  # the engine's work stops now
+            cancelled = await self.get(owner, job_id)
+            await self.runner.notify(cancelled)
+            return cancelled
+        await self.store.delete(owner, job_id)
+        return None
+
+    async def list(self, owner: str, *, limit: int, after: str | None) -> tuple[list[JobRecord], bool]:
+        if not 1 <= limit <= 100:
+            raise InvalidRequest("limit must be 1 to 100", param="limit")
+        return await self.store.list(owner, limit=limit, after=after)

@@ -1,0 +1,234 @@
+"""/v1/jobs over real HTTP on loopback: rapidocr on rendered scans for the results, the fake engine (it
+does no OCR) for cancellation and load; webhooks to a real receiver that checks the signature."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pdfs
+import pytest
+import requests
+from imaging import Line, render, squash, to_bytes
+from standardwebhooks import Webhook
+
+from hyocr.engines.fake import FakeEngine, FakeScript
+
+SCAN = pdfs.scanned_pdf([[f"PAGE {n} OF THREE"] for n in (1, 2, 3)])
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _wait(url: str, job_id: str, *, timeout: float = 120, headers: dict | None = None) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = requests.get(f"{url}/v1/jobs/{job_id}", headers=headers, timeout=10).json()
+        if job["status"] not in ("queued", "running"):
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+@pytest.fixture(scope="module")
+def rapid_jobs():
+    from servers import LiveServer
+
+    from hyocr.config import load_settings
+
+    server = LiveServer(load_settings(engine="rapidocr", ui=False, api_keys="alice-key,bob-key",
+                                      job_range_pages=2)).start()
+    yield server
+    server.stop()
+
+
+ALICE = {"Authorization": "Bearer alice-key"}
+BOB = {"Authorization": "Bearer bob-key"}
+
+
+def test_a_pdf_job_is_read_and_its_result_is_the_ocr_body(rapid_jobs):
+    url = rapid_jobs.url
+    r = requests.post(f"{url}/v1/jobs", json={"image": _b64(SCAN), "task": "text"}, headers=ALICE, timeout=60)
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert r.headers["location"] == f"/v1/jobs/{job['id']}" and r.headers["retry-after"].isdigit()
+    assert job["object"] == "ocr.job" and job["status"] in ("queued", "running") and job["pages"]["total"] == 3
+    done = _wait(url, job["id"], headers=ALICE)
+    assert done["status"] == "succeeded" and done["pages"] == {"total": 3, "done": 3, "failed": 0}
+    assert done["expires_at"] > done["finished_at"] >= done["started_at"] >= done["created_at"]
+
+    result = requests.get(f"{url}/v1/jobs/{job['id']}/result", headers=ALICE, timeout=10).json()
+    assert result["id"] == job["id"] and [p["index"] for p in result["pages"]] == [0, 1, 2]
+    for n, page in enumerate(result["pages"], 1):
+        assert f"PAGE{n}OFTHREE" in squash(page["text"]), page["text"]
+    # the same pages as /v1/ocr reads them
+    direct = requests.post(f"{url}/v1/ocr", json={"image": _b64(SCAN), "task": "text"}, headers=ALICE,
+                           timeout=60).json()
+    assert [p["text"] for p in result["pages"]] == [p["text"] for p in direct["pages"]]
+
+    # pages, as stored: a cursor over seq, JSON or JSON lines, every position exactly once
+    first = requests.get(f"{url}/v1/jobs/{job['id']}/pages?limit=2", headers=ALICE, timeout=10).json()
+    assert len(first["data"]) == 2 and first["has_more"] is True
+    rest = requests.get(f"{url}/v1/jobs/{job['id']}/pages?after={first['last_seq']}", headers=ALICE,
+                        timeout=10).json()
+    assert rest["has_more"] is False
+    assert sorted(p["position"] for p in first["data"] + rest["data"]) == [0, 1, 2]
+    lines = requests.get(f"{url}/v1/jobs/{job['id']}/pages", headers={**ALICE, "Accept": "application/x-ndjson"},
+                         timeout=10)
+    assert lines.headers["content-type"].startswith("application/x-ndjson")
+    assert [json.loads(line)["seq"] for line in lines.text.splitlines()] == \
+        [p["seq"] for p in first["data"] + rest["data"]]
+
+
+def test_a_retried_submit_with_the_same_key_is_the_same_job(rapid_jobs):
+    card = _b64(to_bytes(render([Line("IDEMPOTENT 42", (40, 40), 48)], size=(640, 160)).image))
+    body = {"images": [card, card], "task": "text"}
+    headers = {**ALICE, "Idempotency-Key": "retry-me-1"}
+    first = requests.post(f"{rapid_jobs.url}/v1/jobs", json=body, headers=headers, timeout=60)
+    again = requests.post(f"{rapid_jobs.url}/v1/jobs", json=body, headers=headers, timeout=60)
+    assert first.status_code == 202 and again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    other = requests.post(f"{rapid_jobs.url}/v1/jobs", json=body, headers={**BOB, "Idempotency-Key": "retry-me-1"},
+                          timeout=60)
+    assert other.status_code == 202 and other.json()["id"] != first.json()["id"]  # keys are per caller
+    done = _wait(rapid_jobs.url, first.json()["id"], headers=ALICE)
+    result = requests.get(f"{rapid_jobs.url}/v1/jobs/{done['id']}/result", headers=ALICE, timeout=10).json()
+    assert [p["index"] for p in result["pages"]] == [0, 1]  # images numbered through the job
+    assert all("IDEMPOTENT42" in squash(p["text"]) for p in result["pages"])
+    mine = requests.get(f"{rapid_jobs.url}/v1/jobs?limit=100", headers=ALICE, timeout=10).json()
+    assert done["id"] in [j["id"] for j in mine["data"]] and other.json()["id"] not in [j["id"] for j in mine["data"]]
+
+
+def test_another_caller_can_neither_read_nor_cancel_a_job(rapid_jobs):
+    job = requests.post(f"{rapid_jobs.url}/v1/jobs", json={"image": _b64(SCAN), "task": "text"}, headers=ALICE,
+                        timeout=60).json()
+    for method, path in (("get", ""), ("get", "/result"), ("get", "/pages"), ("delete", "")):
+        r = requests.request(method, f"{rapid_jobs.url}/v1/jobs/{job['id']}{path}", headers=BOB, timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "job_not_found", (method, path, r.text)
+    assert _wait(rapid_jobs.url, job["id"], headers=ALICE)["status"] == "succeeded"  # untouched by Bob
+
+
+def test_bad_submissions_are_clear_json_errors(rapid_jobs):
+    url = rapid_jobs.url
+    cases = [
+        ({"image": "%%%"}, 400),
+        ({"image": _b64(b"not an image at all")}, 400),
+        ({"image": _b64(SCAN), "pages": "7"}, 400),
+        ({"image": _b64(SCAN), "stream": True}, 400),
+        ({"image": _b64(SCAN), "callback_url": "http://169.254.169.254/latest"}, 400),
+        ({"image": _b64(SCAN), "task": "nonsense"}, 400),
+    ]
+    for body, status in cases:
+        r = requests.post(f"{url}/v1/jobs", json=body, headers=ALICE, timeout=60)
+        assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
+    assert requests.get(f"{url}/v1/jobs/job-nope", headers=ALICE, timeout=10).status_code == 404
+    assert requests.get(f"{url}/v1/jobs?limit=0", headers=ALICE, timeout=10).status_code == 400
+
+
+# ---------------------------------------------------------------- the fake engine: cancel, load, retention
+
+
+def _images(n: int) -> list[str]:
+    return [_b64(to_bytes(render([Line(f"IMAGE {i}", (20, 20), 30)], size=(320, 96)).image)) for i in range(n)]
+
+
+def test_cancel_stops_the_engines_work_and_a_running_result_is_409(fake_server_factory):
+    engine = FakeEngine(FakeScript(hang=True))  # pages that never finish by themselves
+    server = fake_server_factory(engine, ui=False, job_workers=1, job_range_pages=2, stall_timeout=0)
+    job = requests.post(f"{server.url}/v1/jobs", json={"images": _images(6), "task": "text", "max_tokens": 4000},
+                        timeout=30).json()
+    deadline = time.monotonic() + 30
+    while not engine.active and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.active, "the job never reached the engine"
+    early = requests.get(f"{server.url}/v1/jobs/{job['id']}/result", timeout=10)
+    assert early.status_code == 409 and early.json()["error"]["code"] == "job_not_finished"
+    reading = set(engine.active)
+    cancelled = requests.delete(f"{server.url}/v1/jobs/{job['id']}", timeout=10).json()
+    assert cancelled["status"] == "cancelled"
+    deadline = time.monotonic() + 30
+    while not reading <= set(engine.aborted) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reading <= set(engine.aborted) and not engine.active  # the engine's work stopped
+    time.sleep(0.5)
+    assert not engine.active  # and no further range started
+    gone = requests.get(f"{server.url}/v1/jobs/{job['id']}/result", timeout=10)
+    assert gone.status_code == 409 and gone.json()["error"]["code"] == "job_cancelled"
+    deleted = requests.delete(f"{server.url}/v1/jobs/{job['id']}", timeout=10).json()
+    assert deleted == {"id": job["id"], "object": "ocr.job.deleted", "deleted": True}
+    assert requests.get(f"{server.url}/v1/jobs/{job['id']}", timeout=10).status_code == 404
+
+
+def test_online_requests_keep_working_while_a_long_job_runs(fake_server_factory):
+    engine = FakeEngine(FakeScript(token_delay=0.002))
+    server = fake_server_factory(engine, ui=False, max_concurrency=8, job_workers=2, job_range_pages=4,
+                                 max_images_per_request=8)
+    job = requests.post(f"{server.url}/v1/jobs", json={"images": _images(8) * 1, "task": "text"}, timeout=30).json()
+    single = _images(1)[0]
+    answered = 0
+    while requests.get(f"{server.url}/v1/jobs/{job['id']}", timeout=10).json()["status"] in ("queued", "running"):
+        r = requests.post(f"{server.url}/v1/ocr", json={"image": single, "task": "text"}, timeout=30)
+        assert r.status_code == 200, r.text
+        answered += 1
+    assert answered >= 1
+    assert _wait(server.url, job["id"])["pages"]["done"] == 8
+
+
+def test_a_finished_job_is_deleted_after_its_retention(fake_server_factory):
+    server = fake_server_factory(ui=False, job_retention=1)
+    job = requests.post(f"{server.url}/v1/jobs", json={"image": _images(1)[0], "task": "text"}, timeout=30).json()
+    assert _wait(server.url, job["id"])["status"] == "succeeded"
+    deadline = time.monotonic() + 20
+    while requests.get(f"{server.url}/v1/jobs/{job['id']}", timeout=10).status_code != 404:
+        assert time.monotonic() < deadline, "the job outlived its retention"
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------- webhooks
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    seen: list = []
+    fail_first = True
+    secret = ""
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        try:
+            Webhook(self.secret).verify(body, dict(self.headers))
+            verified = True
+        except Exception:
+            verified = False
+        type(self).seen.append((dict(self.headers), json.loads(body), verified))
+        status = 500 if type(self).fail_first and len(type(self).seen) == 1 else 204
+        self.send_response(status)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_the_webhook_is_signed_and_retried_after_a_failed_delivery(fake_server_factory, tmp_path):
+    secret = "whsec_" + base64.b64encode(b"k" * 32).decode()
+    _Receiver.seen, _Receiver.secret = [], secret
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        server = fake_server_factory(ui=False, webhook_secret=secret, media_fetch_allow_private=True)
+        hook = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+        job = requests.post(f"{server.url}/v1/jobs", json={"image": _images(1)[0], "task": "text",
+                                                           "callback_url": hook,
+                                                           "callback_headers": {"X-Mine": "yes"}}, timeout=30).json()
+        deadline = time.monotonic() + 60
+        while len(_Receiver.seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        receiver.shutdown()
+    assert len(_Receiver.seen) == 2, _Receiver.seen  # failed once (500), delivered on the retry
+    (h1, _, v1), (h2, b2, v2) = _Receiver.seen
+    assert v1 and v2 and h1["webhook-id"] == h2["webhook-id"] and h1["X-Mine"] == "yes"
+    assert b2["type"] == "job.succeeded" and b2["data"]["id"] == job["id"] and b2["data"]["pages"]["done"] == 1
