@@ -82,7 +82,7 @@ class Jobs:
     async def get(self, owner: str, job_id: str) -> JobRecord:
         job = await self.store.get(owner, job_id)
         if job is None:  # another caller's job is not found either: its existence is not theirs to know
-            raise NotFound(f"no job {job_id!r}", param="job_id", code="job_not_found")
+            raise NotFound(f"no job {job_id[:80]!r}", param="job_id", code="job_not_found")
         return job
 
     async def result(self, owner: str, job_id: str) -> OcrResult:
