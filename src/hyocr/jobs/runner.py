@@ -110,8 +110,7 @@ class JobRunner:
             self.wake.set()
 
     async def _read(self, claim: Claim) -> None:
-        stored = await self.store.stored_positions(claim.job_id, claim.positions)
-        todo = [(pos, item) for pos, item in zip(claim.positions, claim.items, strict=True) if pos not in stored]
+        todo = await self._unstored(claim)
         if not todo:
             return
         if claim.attempts > self.settings.job_max_attempts:  # a range that took its replica down, again
@@ -141,11 +140,15 @@ class JobRunner:
             log.warning("job %s range %d: %s; again in %gs", claim.job_id, claim.range_id, exc.message, delay)
             await self.store.release_range(claim.range_id, self.replica, not_before=time.time() + delay)
             return
-        stored = await self.store.stored_positions(claim.job_id, claim.positions)
-        todo = [(p, i) for p, i in zip(claim.positions, claim.items, strict=True) if p not in stored]
+        todo = await self._unstored(claim)
         await self._error_pages(claim, todo, exc.message if exc.public else "the engine failed on this page")
         await self.store.finish_range(claim.range_id, self.replica)
         await self._maybe_complete(claim.job_id)
+
+    async def _unstored(self, claim: Claim) -> list[tuple[int, int]]:
+        """The range's (position, item) pairs with no page stored yet: what a read still owes."""
+        stored = await self.store.stored_positions(claim.job_id, claim.positions)
+        return [(pos, item) for pos, item in zip(claim.positions, claim.items, strict=True) if pos not in stored]
 
     async def _error_pages(self, claim: Claim, todo: list[tuple[int, int]], message: str) -> None:
         for position, item in todo:
