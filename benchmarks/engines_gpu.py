@@ -76,10 +76,12 @@ def build_checkpoint() -> None:
 def server_command(target: str, port: int) -> list[str]:
     py = sys.executable
     if target == "vllm-serve":
-        # The official HunyuanOCR serve line, everything else at vLLM's defaults.
+        # The official HunyuanOCR 1.0 serve line (its README), everything else at vLLM's defaults, plus the one
+        # workaround vLLM 0.26 needs (serve_chat_template).
         return [py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(CHECKPOINT), "--port", str(port),
                 "--host", "127.0.0.1", "--served-model-name", "raw-vllm", "--no-enable-prefix-caching",
-                "--mm-processor-cache-gb", "0"]
+                "--mm-processor-cache-gb", "0", "--gpu-memory-utilization", "0.2",
+                "--chat-template", str(serve_chat_template())]
     base, _, variant = target.partition("+")
     engine = "vllm" if base == "hyocr-vllm" else "transformers"
     cmd = [py, "-m", "hyocr", "serve", "--engine", engine, "--model", str(CHECKPOINT), "--port", str(port),
@@ -87,6 +89,20 @@ def server_command(target: str, port: int) -> list[str]:
     if engine == "transformers":
         cmd += ["--max-num-seqs", "64", "--batch-wait-ms", "20"]
     return cmd + os.environ.get("HYOCR_BENCH_SERVER_ARGS", "").split()
+
+
+def serve_chat_template() -> Path:
+    """The checkpoint's chat template with each image as the bare image placeholder. vLLM 0.26's HunYuanVL
+    prompt update matches that token alone and writes the start/end wrappers around it itself, so the
+    official template's start+image+end gave two starts and an IndexError in XD-RoPE (fixed upstream in
+    vLLM PR #49691, after 0.26). The token ids are then exactly those of HunyuanOCR's own processor, and
+    what hyocr's engine and raw_vllm.py send."""
+    start, image, end = (f"<\uff5chy_place\u2581holder\u2581no\u2581{n}\uff5c>" for n in (100, 102, 101))
+    template = (CHECKPOINT / "chat_template.jinja").read_text()
+    assert start + image + end in template, "the checkpoint's template does not wrap images as expected"
+    path = CHECKPOINT.parent / "vllm-serve-chat-template.jinja"
+    path.write_text(template.replace(start + image + end, image))
+    return path
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600) -> float:

@@ -9,9 +9,11 @@
 #       variants hyocr with one change each (VARIANTS, default: stream1 kv850 processes), card only
 #       raw     raw vLLM AsyncLLM with its defaults on card, page and a4 (the baseline; same session)
 #       transformers  hyocr's transformers engine on card and page (the baseline row)
+#       serve   `vllm serve` with the official HunyuanOCR flags, over HTTP (needs .stage/c3's wheels carried)
+#       hfgen   transformers' generate() on static batches (benchmarks/hf_generate.py), the PyTorch baseline
 # Each step writes bench JSON (+ .gpu.csv traces, server logs) to DIR; copy the JSON to benchmarks/results/.
 set -uo pipefail
-step=${1:?step: vit | diag | hyocr | variants | raw | transformers}
+step=${1:?step: vit | diag | hyocr | variants | raw | transformers | serve | hfgen}
 out=${2:?output directory}
 mkdir -p "$out"
 # An A4 page takes ~4x a card: two requests per stream keep its levels near half a minute.
@@ -42,6 +44,16 @@ case "$step" in
     pkill -9 -f EngineCore ;;
   transformers)
     HYOCR_BENCH_WORKLOAD=${WORKLOADS:-card,page} python3 benchmarks/engines_gpu.py "$out" hyocr-transformers ;;
+  serve)  # vLLM's own OpenAI server needs a few packages more than AsyncLLM (../shared/docs/DEVICE.md)
+    [ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site .stage/c3/*.whl
+    PYTHONPATH="$PYTHONPATH:/tmp/serve-site" HYOCR_BENCH_WORKLOAD=${WORKLOADS:-card,a4} \
+      python3 benchmarks/engines_gpu.py "$out" vllm-serve ;;
+  hfgen)
+    python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import engines_gpu; engines_gpu.build_checkpoint()"
+    for b in ${BATCHES:-32}; do
+      python3 benchmarks/hf_generate.py /tmp/hunyuanocr-1.0-random "$out/card-hf-generate-b$b.json" --batch "$b" \
+        --requests $((b * 2)) >> "$out/hfgen.log" 2>&1
+    done ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
 for f in "$out"/{card,page,a4}-*.json; do

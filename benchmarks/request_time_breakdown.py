@@ -39,6 +39,7 @@ from engines_gpu import ROOT, build_checkpoint, gpu_trace, safe, server_command,
 REQUESTS = int(os.environ.get("HYOCR_DIAG_REQUESTS", "384"))
 CONCURRENCY = os.environ.get("HYOCR_DIAG_CONCURRENCY", "64")
 MAX_TOKENS = os.environ.get("HYOCR_BENCH_MAX_TOKENS", "150")
+WORKLOAD = os.environ.get("HYOCR_DIAG_WORKLOAD", "card")  # or a4 (with HYOCR_BENCH_MAX_TOKENS=1000: a page)
 PYSPY = os.environ.get("HYOCR_BENCH_PYSPY")
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -220,7 +221,7 @@ def run_target(target: str, out: Path) -> dict:
     result: dict = {"target": target}
     try:
         result["ready_s"] = round(wait_ready(url, proc), 1)
-        bench = [sys.executable, "-m", "hyocr", "bench", "--url", url, "--workload", "card", "--concurrency", CONCURRENCY,
+        bench = [sys.executable, "-m", "hyocr", "bench", "--url", url, "--workload", WORKLOAD, "--concurrency", CONCURRENCY,
                  "--max-tokens", MAX_TOKENS, "--fixed-output", "--label", target, "--warmup", "0"]
         subprocess.run([*bench, "--requests", CONCURRENCY], env=env, check=False, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
@@ -247,7 +248,7 @@ def run_target(target: str, out: Path) -> dict:
         usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
         with gpu_trace(out / f"{name}.diag-gpu.csv", interval_ms=100):
-            subprocess.run([*bench, "--requests", str(REQUESTS), "--output", str(out / f"diag-card-{name}.json")],
+            subprocess.run([*bench, "--requests", str(REQUESTS), "--output", str(out / f"diag-{WORKLOAD}-{name}.json")],
                            env=env, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wall = time.monotonic() - started
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -281,7 +282,7 @@ def run_target(target: str, out: Path) -> dict:
                 "wall_ms_per_image": round(1000 * d["wall_s"] / max(1, d["images"]), 2),
                 "gpu_ms_per_image": round(1000 * d["gpu_s"] / max(1, d["images"]), 2),
                 "wall_share": round(d["wall_s"] / span, 3) if span > 0 else None}
-        doc = json.loads((out / f"diag-card-{name}.json").read_text())
+        doc = json.loads((out / f"diag-{WORKLOAD}-{name}.json").read_text())
         level = doc["levels"][-1]
         result["bench"] = {k: level[k] for k in ("throughput_rps", "latency_p50_s", "latency_p99_s", "ttft_p50_s",
                                                  "errors")}
@@ -295,7 +296,7 @@ def run_target(target: str, out: Path) -> dict:
     finally:
         stop_server(proc)
         log.close()
-    (out / f"diag-{name}.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    (out / f"diag-{name}{'' if WORKLOAD == 'card' else '-' + WORKLOAD}.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     return result
 
 

@@ -51,7 +51,7 @@ ENGINES: dict[str, EngineSpec] = {
             "hyocr.engines.transformers:TransformersEngine",
             ALL_TASKS,
             "hf",
-            "HunyuanOCR with PyTorch generate() and a batching worker (debugging, the baseline)",
+            "HunyuanOCR on plain transformers, continuously batched (no vLLM; debugging, the PyTorch baseline)",
             ("torch", "transformers"),
         ),
         EngineSpec(

@@ -1,0 +1,131 @@
+"""Continuous batching on plain transformers: the rows being decoded share one KV cache, and new requests
+join it between two decode steps instead of waiting for a whole static batch to finish.
+
+transformers' own continuous batching (``generate_batch``, ``ContinuousBatchingManager``) takes token ids
+only: no pixels, no multimodal rotary positions, so it cannot serve HunYuanVL. This is the small part of
+it HunyuanOCR needs, on the model's ordinary forward and ``DynamicCache``:
+
+- a join prefills the new requests together (left-padded, their images in one vision pass) into a cache
+  of their own, then pads the running cache or theirs on the left to one length and stacks the two;
+- a decode step runs every row one token forward with its own rotary position and padding mask;
+- a finished row is dropped from the cache (``index_select``), and padding that no row needs any more is
+  cut from the left, so the cache stays as long as its longest row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .prompts import Prompt
+
+
+class RunningBatch:
+    def __init__(self, model: Any, device: Any) -> None:
+        self.model = model
+        self.device = device
+        self.rows: list[Any] = []
+        self.cache: Any = None
+        self.mask: Any = None  # [rows, length] 1 where a cached token is real, 0 where it is padding
+        self.positions: Any = None  # [rows] the rotary position of each row's next token
+        self.last: Any = None  # [rows] each row's latest token (the next step's input)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def prefill(self, rows: list[Any], prompts: list[Prompt]) -> Any:
+        """Prefill ``prompts`` into a cache of their own and append them to the batch. Returns their
+        next-token logits ([len(prompts), vocab]). On failure the running rows are left as they were."""
+        import torch
+        from transformers import DynamicCache
+
+        length = max(p.length for p in prompts)
+        axes = prompts[0].positions.shape[0]
+        ids = torch.zeros(len(prompts), length, dtype=torch.long)
+        positions = torch.zeros(axes, len(prompts), length, dtype=torch.long)
+        mask = torch.zeros(len(prompts), length, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, length - p.length :] = p.ids
+            positions[:, i, length - p.length :] = p.positions
+            mask[i, length - p.length :] = 1
+        inputs: dict[str, Any] = {}
+        pixels = [p.pixel_values for p in prompts if p.pixel_values is not None]
+        if pixels:
+            inputs["pixel_values"] = torch.cat(pixels).to(self.device, self.model.dtype)
+            inputs["image_grid_thw"] = torch.cat([p.image_grid_thw for p in prompts if p.image_grid_thw is not None])
+            inputs["image_grid_thw"] = inputs["image_grid_thw"].to(self.device)
+        cache = DynamicCache(config=self.model.config)
+        mask = mask.to(self.device)
+        out = self.model(
+            input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions.to(self.device),
+            past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs,
+        )
+        nxt = torch.tensor([p.next_position for p in prompts], device=self.device)
+        self._append(rows, out.past_key_values, mask, nxt)
+        return out.logits[:, -1]
+
+    def step(self) -> Any:
+        """One decode step for every row: [rows, vocab] logits of each row's next token."""
+        import torch
+
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], dim=1)
+        axes = self._axes()
+        position_ids = self.positions.view(1, -1, 1).expand(axes, -1, 1)
+        out = self.model(
+            input_ids=self.last.view(-1, 1), attention_mask=self.mask, position_ids=position_ids,
+            past_key_values=self.cache, use_cache=True,
+        )
+        self.positions = self.positions + 1
+        return out.logits[:, -1]
+
+    def set_last(self, tokens: list[int], start: int = 0) -> None:
+        """The tokens just chosen for rows ``start``.. (the next step's input)."""
+        import torch
+
+        chosen = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        self.last = chosen if start == 0 or self.last is None else torch.cat([self.last[:start], chosen])
+
+    def keep(self, indices: list[int]) -> None:
+        """Keep only these rows (in this order); cut the padding no remaining row needs."""
+        if len(indices) == len(self.rows):
+            return
+        if not indices:
+            self.clear()
+            return
+        import torch
+
+        index = torch.tensor(indices, device=self.device)
+        self.rows = [self.rows[i] for i in indices]
+        self.mask = self.mask.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+        self.last = self.last.index_select(0, index)
+        lead = int(self.mask.any(dim=0).long().argmax())  # first column some row still uses
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, lead:]
+            layer.values = layer.values.index_select(0, index)[:, :, lead:]
+        self.mask = self.mask[:, lead:]
+
+    def clear(self) -> None:
+        self.rows, self.cache, self.mask, self.positions, self.last = [], None, None, None, None
+
+    def _axes(self) -> int:
+        rope = self.model.config.text_config.rope_parameters or {}
+        return len(rope.get("mrope_section", [])) or 1
+
+    def _append(self, rows: list[Any], cache: Any, mask: Any, positions: Any) -> None:
+        import torch
+        import torch.nn.functional as F  # noqa: N812
+
+        if self.cache is None:
+            self.rows, self.cache, self.mask, self.positions = list(rows), cache, mask, positions
+            return
+        old, new = self.mask.shape[1], mask.shape[1]
+        length = max(old, new)
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            # [rows, heads, length, dim]: pad the length dimension on the left
+            mine.keys = torch.cat([F.pad(mine.keys, (0, 0, length - old, 0)), F.pad(theirs.keys, (0, 0, length - new, 0))])
+            mine.values = torch.cat(
+                [F.pad(mine.values, (0, 0, length - old, 0)), F.pad(theirs.values, (0, 0, length - new, 0))]
+            )
+        self.mask = torch.cat([F.pad(self.mask, (length - old, 0)), F.pad(mask, (length - new, 0))])
+        self.positions = torch.cat([self.positions, positions])
+        self.rows += rows

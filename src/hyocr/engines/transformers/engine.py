@@ -1,0 +1,295 @@
+"""``--engine transformers``: HunyuanOCR on plain PyTorch/transformers (extra ``hf``), continuously batched.
+
+The engine for machines without vLLM (ROCm, Apple, older CUDA), the debugging path, and the PyTorch
+baseline. Prompts are encoded (template, image processor, rotary positions) on an encoder thread as
+requests arrive; one model thread owns the model and the running batch (batch.py). Between two decode
+steps it admits what is waiting (online requests before background ones, up to ``max_batch_size`` rows and
+``max_prefill_tokens`` prompt tokens a join), decodes one token for every row, streams text, and drops rows
+that finished (end of sequence, their own max_tokens, the context) or whose caller went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from ...config import SettingsError
+from ...errors import InvalidRequest, ServiceUnavailable, engine_failure
+from ...hunyuan.geometry import PixelBounds
+from ...types import EngineChunk, EngineRequest
+from ..base import Engine, EngineInfo
+from ..registry import ALL_TASKS
+from .batch import RunningBatch
+from .prompts import Prompt, encode, load_processor
+from .rows import Job, Row, choose_tokens
+
+if TYPE_CHECKING:
+    from ...config import Settings
+
+log = logging.getLogger(__name__)
+_STOP = object()
+
+
+class TransformersEngine(Engine):
+    def __init__(
+        self,
+        model: str,
+        *,
+        revision: str | None = None,
+        subfolder: str | None = None,
+        dtype: str = "auto",
+        device: str = "auto",
+        trust_remote_code: bool = False,
+        max_batch_size: int = 32,
+        max_model_len: int | None = None,
+        batch_wait_ms: float = 10.0,
+        max_prefill_tokens: int = 16384,
+        served_model_name: str | None = None,
+        max_images: int = 8,
+        bounds: PixelBounds = PixelBounds(),
+    ) -> None:
+        self.model_id = model
+        self.revision = revision
+        self.subfolder = subfolder
+        self.dtype_name = dtype
+        self.device_name = device
+        self.trust_remote_code = trust_remote_code
+        self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len
+        self.batch_wait = batch_wait_ms / 1000
+        self.max_prefill_tokens = max_prefill_tokens
+        self.bounds = bounds
+        self.info = EngineInfo(
+            name="transformers",
+            model=served_model_name or model,
+            tasks=ALL_TASKS,
+            follows_prompts=True,
+            max_images=max_images,
+            details={"path": model, "revision": revision or "main", "subfolder": subfolder or "",
+                     "batching": f"continuous, up to {max_batch_size} rows"},
+        )
+        self._jobs: queue.Queue = queue.Queue()
+        self._waiting: list[Job] = []  # taken from the queue, not yet admitted (model thread only)
+        self._thread: threading.Thread | None = None
+        self._encoder: ThreadPoolExecutor | None = None
+        self._loaded = False
+        self.cancelled_rows = 0  # rows dropped mid-generation because their client went away
+        self.joined_running = 0  # requests admitted while other rows were mid-generation
+        self._steps = 0
+        self.model: Any = None
+        self.processor: Any = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TransformersEngine:
+        if not settings.model:
+            raise SettingsError("--engine transformers needs --model (a hub id such as tencent/HunyuanOCR, or a path)")
+        return cls(
+            settings.model,
+            revision=settings.revision,
+            subfolder=settings.subfolder,
+            dtype=settings.dtype,
+            device=settings.device,
+            trust_remote_code=settings.trust_remote_code,
+            max_batch_size=settings.max_num_seqs,
+            max_model_len=settings.max_model_len,
+            batch_wait_ms=settings.batch_wait_ms,
+            max_prefill_tokens=settings.max_num_batched_tokens or 16384,
+            served_model_name=settings.served_model_name,
+            max_images=settings.max_images_per_request,
+            bounds=PixelBounds(settings.min_pixels, settings.max_pixels),
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        started = time.perf_counter()
+        await asyncio.to_thread(self._load)
+        # One encoder thread: the processor's tokenizer is not safe to share between threads.
+        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="transformers-encode")
+        self._thread = threading.Thread(target=self._worker, name="transformers-engine", daemon=True)
+        self._thread.start()
+        log.info(
+            "transformers engine loaded %s (revision %s, subfolder %s) on %s/%s in %.1fs",
+            self.model_id, self.revision or "main", self.subfolder or "-", self.device, self.dtype,
+            time.perf_counter() - started,
+        )
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForImageTextToText
+
+        self.device = self.device_name if self.device_name != "auto" else (
+            "cuda" if torch.cuda.is_available() else "cpu"
+        )
+        if self.dtype_name == "auto":
+            self.dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        else:
+            self.dtype = getattr(torch, self.dtype_name)
+        kwargs = {"revision": self.revision, "trust_remote_code": self.trust_remote_code}
+        if self.subfolder:
+            kwargs["subfolder"] = self.subfolder
+        self.processor = load_processor(self.model_id, **kwargs)
+        self.model = AutoModelForImageTextToText.from_pretrained(self.model_id, dtype=self.dtype, **kwargs)
+        self.model.to(self.device).eval()
+        config = self.model.generation_config
+        eos = config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        text_config = getattr(self.model.config, "text_config", self.model.config)
+        self.max_model_len = self.max_model_len or getattr(text_config, "max_position_embeddings", None)
+        self._loaded = True
+
+    async def stop(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(_STOP)
+            await asyncio.to_thread(self._thread.join, 30)
+            self._thread = None
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=False, cancel_futures=True)
+            self._encoder = None
+        self._loaded = False
+
+    async def ready(self) -> bool:
+        return self._loaded and self._thread is not None and self._thread.is_alive()
+
+    # ------------------------------------------------------------------ requests
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        if not await self.ready() or self._encoder is None:
+            raise ServiceUnavailable("the transformers engine is not running", code="engine_dead")
+        loop = asyncio.get_running_loop()
+        prompt = await loop.run_in_executor(self._encoder, encode, request, self.processor, self.model, self.bounds)
+        if self.max_model_len and prompt.length >= self.max_model_len:
+            raise InvalidRequest(
+                f"the prompt is {prompt.length} tokens; this model's context is {self.max_model_len}", param="messages"
+            )
+        job = Job(request, prompt, loop, asyncio.Queue())
+        self._jobs.put(job)
+        finished = False
+        try:
+            while True:
+                item = await job.out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                job.cancelled.set()  # the model thread drops the row at its next step
+
+    async def abort(self, request_id: str) -> None:
+        """Cancellation happens when the request's stream is closed (see ``generate``)."""
+
+    # ------------------------------------------------------------------ model thread
+
+    def _worker(self) -> None:
+        import torch
+
+        # Thread-local, so here and not around start(): without it every step's activations stay alive
+        # through the cache (autograd), and memory and step time grow with every token.
+        with torch.inference_mode():
+            self._serve()
+
+    def _serve(self) -> None:
+        batch = RunningBatch(self.model, self.device)
+        stopping = False
+        while True:
+            stopping = self._collect(block=not batch.rows and not stopping) or stopping
+            if stopping and self._waiting:
+                for job in self._waiting:
+                    job.emit(ServiceUnavailable("the engine is stopping", code="engine_dead"))
+                self._waiting.clear()
+            if stopping and not batch.rows:
+                return
+            try:
+                self._admit(batch)
+                if batch.rows:
+                    self._step(batch)
+            except Exception as exc:  # one failed step fails its rows, never the thread
+                log.exception("transformers step over %d rows failed", len(batch))
+                error = engine_failure(exc, "generation failed")
+                for row in batch.rows:
+                    row.job.emit(error)
+                batch.clear()
+
+    def _collect(self, block: bool) -> bool:
+        """Move queued jobs to ``_waiting``; True once stop was asked. When idle, wait for a first job and
+        then ``batch_wait`` for the ones arriving with it, so that a burst is prefilled together."""
+        deadline = None
+        while True:
+            try:
+                if block and not self._waiting:
+                    item = self._jobs.get()
+                elif block and deadline is None:
+                    deadline = time.monotonic() + self.batch_wait
+                    continue
+                elif block:
+                    item = self._jobs.get(timeout=max(0.0, deadline - time.monotonic()))
+                else:
+                    item = self._jobs.get_nowait()
+            except queue.Empty:
+                return False
+            if item is _STOP:
+                return True
+            self._waiting.append(item)
+
+    def _admit(self, batch: RunningBatch) -> None:
+        waiting = [j for j in self._waiting if not j.cancelled.is_set()]
+        waiting.sort(key=lambda j: j.request.priority)  # stable: online first, each class in arrival order
+        room, budget, group = self.max_batch_size - len(batch), self.max_prefill_tokens, []
+        while waiting and len(group) < room and (not group or waiting[0].prompt.length <= budget):
+            budget -= waiting[0].prompt.length
+            group.append(waiting.pop(0))
+        self._waiting = waiting
+        if not group:
+            return
+        rows = [Row(j, self.processor.tokenizer, self.eos_ids, self.max_model_len, self.device) for j in group]
+        if batch.rows:
+            self.joined_running += len(rows)
+        start = len(batch)
+        try:
+            logits = batch.prefill(rows, [j.prompt for j in group])
+        except Exception as exc:  # the running rows are untouched: fail only the newcomers
+            log.exception("transformers prefill of %d requests failed", len(group))
+            error = engine_failure(exc, "generation failed")
+            for job in group:
+                job.emit(error)
+            return
+        tokens = choose_tokens(logits, rows)
+        batch.set_last(tokens, start)
+        for row, token in zip(rows, tokens, strict=True):
+            row.accept(token, stream=len(batch) <= 2)
+        self._drop_finished(batch)
+
+    def _step(self, batch: RunningBatch) -> None:
+        logits = batch.step()
+        tokens = choose_tokens(logits, batch.rows)
+        batch.set_last(tokens)
+        # Decoding text is the per-step Python cost that grows with the batch: a lone request streams every
+        # token, a batch every few steps (as fast, in slightly bigger pieces).
+        self._steps += 1
+        stream = len(batch) <= 2 or self._steps % 4 == 0
+        for row, token in zip(batch.rows, tokens, strict=True):
+            if not row.done:
+                row.accept(token, stream)
+        self._drop_finished(batch)
+
+    def _drop_finished(self, batch: RunningBatch) -> None:
+        keep = []
+        for i, row in enumerate(batch.rows):
+            if row.cancelled and not row.done:
+                row.done = True
+                self.cancelled_rows += 1
+            if not row.done:
+                keep.append(i)
+        batch.keep(keep)
+
+
+__all__ = ["Prompt", "TransformersEngine"]

@@ -1,0 +1,149 @@
+"""One request being decoded (a row of the running batch): its stream back to the caller, when it stops,
+and how its next token is chosen. Rows with different sampling settings share one batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...hunyuan.chat import sampling_defaults
+from ...types import EngineChunk, EngineRequest, FinishReason, SamplingParams
+from .prompts import Prompt
+
+DEFAULT_MAX_TOKENS = 4096
+
+
+@dataclass(eq=False)
+class Job:
+    """A request waiting for the model thread, with its prompt already encoded."""
+
+    request: EngineRequest
+    prompt: Prompt
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    sampling: SamplingParams = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sampling = sampling_defaults(self.request.sampling)
+
+    def emit(self, item: object) -> None:
+        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+
+
+class IncrementalDecoder:
+    """Token ids -> text deltas without re-decoding the whole output each step, and without
+    emitting half a multi-byte character (the vLLM detokenizer's prefix/read offsets)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0
+        self.read = 0
+
+    def add(self, token: int) -> None:
+        self.ids.append(token)
+
+    def flush(self) -> str:
+        """Text of the tokens added since the last flush that can be shown now."""
+        if self.read == len(self.ids):
+            return ""
+        decode = self.tokenizer.decode
+        prefix_text = decode(self.ids[self.prefix : self.read], skip_special_tokens=True)
+        new_text = decode(self.ids[self.prefix :], skip_special_tokens=True)
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return new_text[len(prefix_text) :]
+        return ""
+
+
+class Row:
+    def __init__(self, job: Job, tokenizer: Any, eos_ids: set[int], max_model_len: int | None, device: Any) -> None:
+        import torch
+
+        self.job = job
+        s = job.sampling
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.eos_ids = eos_ids
+        self.prompt_tokens = job.prompt.length
+        self.max_tokens = s.max_tokens or DEFAULT_MAX_TOKENS
+        if max_model_len:
+            self.max_tokens = max(1, min(self.max_tokens, max_model_len - self.prompt_tokens))
+        self.min_tokens = self.max_tokens if s.ignore_eos else (s.min_tokens or 0)
+        self.count = 0
+        self.done = False
+        self.greedy = not s.temperature
+        self.penalty = s.repetition_penalty if s.repetition_penalty and s.repetition_penalty != 1.0 else None
+        # HF's repetition penalty covers the prompt and the output; kept on the device, rows with a penalty only
+        self.history = job.prompt.ids.to(device) if self.penalty else None
+        self.generator = None
+        if not self.greedy and s.seed is not None:
+            self.generator = torch.Generator(device=device).manual_seed(s.seed)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.job.cancelled.is_set()
+
+    def accept(self, token: int, stream: bool) -> bool:
+        """Take the row's next token; True when the row is finished."""
+        if token in self.eos_ids and self.count >= self.min_tokens:
+            self.finish(FinishReason.STOP)
+            return True
+        self.count += 1
+        self.decoder.add(token)
+        if self.history is not None:
+            import torch
+
+            self.history = torch.cat([self.history, self.history.new_tensor([token])])
+        if self.count >= self.max_tokens:
+            self.finish(FinishReason.LENGTH)
+            return True
+        if stream:
+            self.emit_text()
+        return False
+
+    def emit_text(self) -> None:
+        text = self.decoder.flush()
+        if text:
+            self.job.emit(EngineChunk(text=text, prompt_tokens=self.prompt_tokens, completion_tokens=self.count))
+
+    def finish(self, reason: FinishReason) -> None:
+        self.emit_text()
+        self.done = True
+        self.job.emit(EngineChunk(finish_reason=reason, prompt_tokens=self.prompt_tokens, completion_tokens=self.count))
+
+
+def choose_tokens(logits: Any, rows: list[Row]) -> list[int]:
+    """The next token of every row from its logits ([rows, vocab]): greedy rows by argmax in one call,
+    the rest sampled with their own temperature, top-k, top-p and seed; EOS held back below min_tokens."""
+    import torch
+
+    logits = logits.float()
+    for i, row in enumerate(rows):
+        if row.count < row.min_tokens and row.eos_ids:
+            logits[i, list(row.eos_ids)] = float("-inf")
+        if row.penalty is not None:  # HF's RepetitionPenaltyLogitsProcessor, one row
+            seen = logits[i].gather(0, row.history)
+            logits[i].scatter_(0, row.history, torch.where(seen < 0, seen * row.penalty, seen / row.penalty))
+    tokens = logits.argmax(dim=-1).tolist()
+    for i, row in enumerate(rows):
+        if not row.greedy:
+            tokens[i] = _sample(logits[i], row.job.sampling, row.generator)
+    return tokens
+
+
+def _sample(logits: Any, s: SamplingParams, generator: Any) -> int:
+    import torch
+
+    logits = logits / s.temperature
+    if s.top_k and 0 < s.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, s.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if s.top_p is not None and s.top_p < 1.0:
+        ordered, order = torch.sort(logits, descending=True)
+        cumulative = ordered.softmax(-1).cumsum(-1)
+        drop = cumulative - ordered.softmax(-1) > s.top_p  # keep the smallest set reaching top_p
+        logits = logits.scatter(0, order, ordered.masked_fill(drop, float("-inf")))
+    return int(torch.multinomial(logits.softmax(-1), 1, generator=generator))

@@ -1,0 +1,156 @@
+"""The transformers engine's continuous batching, in-process on the tiny random-weight checkpoint: requests
+join a running batch between decode steps, and a row's output does not depend on who it shared the batch
+with (random weights: any mix-up of rows, positions or padding shows as different text)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from PIL import Image, ImageDraw
+
+from hyocr.errors import HyocrError
+from hyocr.types import EngineRequest, FinishReason, PageImage, SamplingParams, Task
+
+pytest.importorskip("transformers")
+
+
+def _page(width: int, height: int, text: str) -> PageImage:
+    image = Image.new("RGB", (width, height), "white")
+    ImageDraw.Draw(image).text((12, 12), text, fill="black")
+    return PageImage(image)
+
+
+def _request(i: int, tokens: int, priority: int = 0, **sampling) -> EngineRequest:
+    return EngineRequest(
+        request_id=f"r{i}", task=Task.SPOTTING, prompt="Detect and recognize text in the image.",
+        images=(_page(160 + 48 * i, 120 + 32 * i, f"line {i}"),), priority=priority,
+        sampling=SamplingParams(max_tokens=tokens, ignore_eos=True, **sampling),
+    )
+
+
+async def _read(engine, request: EngineRequest, delay: float = 0.0, log: list | None = None):
+    await asyncio.sleep(delay)
+    text, last = [], None
+    async for chunk in engine.generate(request):
+        text.append(chunk.text)
+        last = chunk
+    if log is not None:
+        log.append(request.request_id)
+    return "".join(text), last
+
+
+@pytest.fixture(scope="module")
+async def engine(tiny_checkpoint):
+    from hyocr.engines.transformers import TransformersEngine
+
+    engine = TransformersEngine(str(tiny_checkpoint), max_batch_size=4, max_model_len=8192, batch_wait_ms=0)
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+async def test_a_request_joins_a_running_batch_and_reads_as_it_would_alone(engine):
+    requests = [_request(0, 90), _request(1, 12), _request(2, 40, temperature=0.8, seed=7)]
+    alone = [await _read(engine, r) for r in requests]
+    joined_before = engine.joined_running
+    order: list[str] = []
+    together = await asyncio.gather(*(_read(engine, r, delay=0.3 * (i > 0), log=order) for i, r in enumerate(requests)))
+    assert engine.joined_running - joined_before >= 1  # someone was admitted while the long one decoded
+    assert order.index("r1") < order.index("r0")  # the short late one did not wait for the long one
+    for (text_alone, last_alone), (text, last) in zip(alone, together, strict=True):
+        assert text == text_alone and text
+        assert last.finish_reason is FinishReason.LENGTH
+        assert last.completion_tokens == last_alone.completion_tokens
+        assert last.prompt_tokens == last_alone.prompt_tokens
+    assert [last.completion_tokens for _, last in together] == [90, 12, 40]
+
+
+async def test_a_closed_stream_leaves_the_batch_and_the_others_go_on(engine):
+    long, other = _request(0, 120), _request(3, 30)
+    expected, _ = await _read(engine, other)
+    cancelled_before = engine.cancelled_rows
+
+    async def abandon():
+        stream = engine.generate(long)
+        async for _chunk in stream:
+            break
+        await stream.aclose()
+
+    _, (text, last) = await asyncio.gather(abandon(), _read(engine, other, delay=0.1))
+    assert text == expected and last.completion_tokens == 30
+    for _ in range(50):  # the model thread notices at its next step
+        if engine.cancelled_rows > cancelled_before:
+            break
+        await asyncio.sleep(0.1)
+    assert engine.cancelled_rows == cancelled_before + 1
+
+
+async def test_waiting_online_requests_are_admitted_before_background_ones(tiny_checkpoint):
+    from hyocr.engines.transformers import TransformersEngine
+
+    engine = TransformersEngine(str(tiny_checkpoint), max_batch_size=1, batch_wait_ms=0)
+    await engine.start()
+    try:
+        order: list[str] = []
+        first_token = asyncio.Event()
+
+        async def long_running():
+            async for chunk in engine.generate(_request(0, 300)):
+                first_token.set()
+                if chunk.finish_reason:
+                    order.append("r0")
+
+        async def queued(request, delay):
+            await first_token.wait()  # r0 holds the only row: both wait in the queue
+            await asyncio.sleep(delay)
+            await _read(engine, request, log=order)
+
+        await asyncio.gather(long_running(), queued(_request(1, 5, priority=1), 0.0),  # a job's page, first
+                             queued(_request(2, 5), 0.1))  # a caller waiting, second
+        assert order == ["r0", "r2", "r1"]
+    finally:
+        await engine.stop()
+
+
+async def test_a_failed_join_fails_only_the_newcomers(engine, monkeypatch):
+    from hyocr.engines.transformers import batch as batch_module
+
+    running = _request(0, 60)
+    expected, _ = await _read(engine, running)
+    real_prefill = batch_module.RunningBatch.prefill
+
+    def prefill(self, rows, prompts):
+        if any(row.job.request.request_id == "bad" for row in rows):
+            raise RuntimeError("CUDA out of memory (injected)")
+        return real_prefill(self, rows, prompts)
+
+    monkeypatch.setattr(batch_module.RunningBatch, "prefill", prefill)
+    bad = EngineRequest(request_id="bad", task=Task.SPOTTING, prompt="x", images=(_page(200, 150, "bad"),),
+                        sampling=SamplingParams(max_tokens=10))
+    first, second = await asyncio.gather(_read(engine, running), _read(engine, bad, delay=0.3), return_exceptions=True)
+    assert first[0] == expected
+    assert isinstance(second, HyocrError) and second.status == 503 and second.code == "out_of_memory"
+
+
+async def test_the_model_thread_keeps_no_autograd_state(engine):
+    """Every step's tensors are inference tensors: with autograd on, each token's activations would stay
+    alive through the cache (the GPU ran out of memory at concurrency 8 before this was found)."""
+    import torch
+
+    from hyocr.engines.transformers import batch as batch_module
+
+    seen = []
+    real_step = batch_module.RunningBatch.step
+
+    def step(self):
+        logits = real_step(self)
+        seen.append((torch.is_inference(logits), torch.is_inference(self.cache.layers[0].keys)))
+        return logits
+
+    batch_module.RunningBatch.step = step
+    try:
+        await _read(engine, _request(1, 5))
+    finally:
+        batch_module.RunningBatch.step = real_step
+    assert seen and all(a and b for a, b in seen)
