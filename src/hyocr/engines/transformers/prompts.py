@@ -76,6 +76,7 @@ def load_processor(model: str, **kwargs: Any) -> Any:
 
         log.info("using HunyuanOCR's PIL image processor (%s)", type(exc).__name__)
         kwargs.pop("trust_remote_code", None)
+        kwargs.pop("backend", None)
         image_processor = HunYuanVLImageProcessorPil.from_pretrained(model, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(model, **kwargs)
         return HunYuanVLProcessor(image_processor=image_processor, tokenizer=tokenizer)

@@ -24,6 +24,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue
     cancelled: threading.Event = field(default_factory=threading.Event)
+    waited_steps: int = 0  # decode steps it has waited to join the running batch
     sampling: SamplingParams = field(init=False)
 
     def __post_init__(self) -> None:
