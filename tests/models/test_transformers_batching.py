@@ -51,11 +51,26 @@ async def engine(tiny_checkpoint):
 
 
 async def test_a_request_joins_a_running_batch_and_reads_as_it_would_alone(engine):
-    requests = [_request(0, 90), _request(1, 12), _request(2, 40, temperature=0.8, seed=7)]
+    requests = [_request(0, 300), _request(1, 12), _request(2, 40, temperature=0.8, seed=7)]
     alone = [await _read(engine, r) for r in requests]
     joined_before = engine.joined_running
     order: list[str] = []
-    together = await asyncio.gather(*(_read(engine, r, delay=0.3 * (i > 0), log=order) for i, r in enumerate(requests)))
+    started = asyncio.Event()
+
+    async def first():
+        text, last = [], None
+        async for chunk in engine.generate(requests[0]):
+            started.set()
+            text.append(chunk.text)
+            last = chunk
+        order.append("r0")
+        return "".join(text), last
+
+    async def later(request):
+        await started.wait()  # r0 is decoding
+        return await _read(engine, request, log=order)
+
+    together = await asyncio.gather(first(), later(requests[1]), later(requests[2]))
     assert engine.joined_running - joined_before >= 1  # someone was admitted while the long one decoded
     assert order.index("r1") < order.index("r0")  # the short late one did not wait for the long one
     for (text_alone, last_alone), (text, last) in zip(alone, together, strict=True):
@@ -63,7 +78,7 @@ async def test_a_request_joins_a_running_batch_and_reads_as_it_would_alone(engin
         assert last.finish_reason is FinishReason.LENGTH
         assert last.completion_tokens == last_alone.completion_tokens
         assert last.prompt_tokens == last_alone.prompt_tokens
-    assert [last.completion_tokens for _, last in together] == [90, 12, 40]
+    assert [last.completion_tokens for _, last in together] == [300, 12, 40]
 
 
 async def test_a_closed_stream_leaves_the_batch_and_the_others_go_on(engine):
@@ -154,3 +169,18 @@ async def test_the_model_thread_keeps_no_autograd_state(engine):
     finally:
         batch_module.RunningBatch.step = real_step
     assert seen and all(a and b for a, b in seen)
+
+
+async def test_a_prompt_the_processor_refuses_is_an_engine_error_not_a_crash(engine, monkeypatch):
+    from hyocr.engines.transformers import engine as engine_module
+
+    def refuse(*args):
+        raise ValueError("image has 0 pixels (injected)")
+
+    monkeypatch.setattr(engine_module, "encode", refuse)
+    with pytest.raises(HyocrError) as caught:
+        await _read(engine, _request(1, 5))
+    assert caught.value.status == 500 and "could not prepare the prompt" in str(caught.value)
+    monkeypatch.undo()
+    text, last = await _read(engine, _request(1, 5))  # the engine serves on
+    assert last.completion_tokens == 5

@@ -172,7 +172,12 @@ class TransformersEngine(Engine):
         if not await self.ready() or self._encoder is None:
             raise ServiceUnavailable("the transformers engine is not running", code="engine_dead")
         loop = asyncio.get_running_loop()
-        prompt = await loop.run_in_executor(self._encoder, encode, request, self.processor, self.model, self.bounds)
+        try:
+            prompt = await loop.run_in_executor(self._encoder, encode, request, self.processor, self.model, self.bounds)
+        except Exception as exc:  # a JSON error, never a stack trace
+            if self._encoder is None:  # stop() shut the encoder down under this request
+                raise ServiceUnavailable("the transformers engine is stopping", code="engine_dead") from exc
+            raise engine_failure(exc, "could not prepare the prompt") from exc
         if self.max_model_len and prompt.length >= self.max_model_len:
             raise InvalidRequest(
                 f"the prompt is {prompt.length} tokens; this model's context is {self.max_model_len}", param="messages"
