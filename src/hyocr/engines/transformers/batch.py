@@ -28,6 +28,8 @@ class RunningBatch:
         self.mask: Any = None  # [rows, length] 1 where a cached token is real, 0 where it is padding
         self.positions: Any = None  # [rows] the rotary position of each row's next token
         self.last: Any = None  # [rows] each row's latest token (the next step's input)
+        rope = model.config.text_config.rope_parameters or {}
+        self.axes = len(rope.get("mrope_section", [])) or 1  # rotary position axes (XD-RoPE: 4)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -68,8 +70,7 @@ class RunningBatch:
         import torch
 
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], dim=1)
-        axes = self._axes()
-        position_ids = self.positions.view(1, -1, 1).expand(axes, -1, 1)
+        position_ids = self.positions.view(1, -1, 1).expand(self.axes, -1, 1)
         out = self.model(
             input_ids=self.last.view(-1, 1), attention_mask=self.mask, position_ids=position_ids,
             past_key_values=self.cache, use_cache=True,
@@ -106,10 +107,6 @@ class RunningBatch:
 
     def clear(self) -> None:
         self.rows, self.cache, self.mask, self.positions, self.last = [], None, None, None, None
-
-    def _axes(self) -> int:
-        rope = self.model.config.text_config.rope_parameters or {}
-        return len(rope.get("mrope_section", [])) or 1
 
     def _append(self, rows: list[Any], cache: Any, mask: Any, positions: Any) -> None:
         import torch

@@ -26,7 +26,7 @@ from ...types import EngineChunk, EngineRequest
 from ..base import Engine, EngineInfo
 from ..registry import ALL_TASKS
 from .batch import RunningBatch
-from .prompts import Prompt, encode, load_processor
+from .prompts import encode, load_processor
 from .rows import Job, Row, choose_tokens
 
 if TYPE_CHECKING:
@@ -299,9 +299,8 @@ class TransformersEngine(Engine):
         # token, a batch every few steps (as fast, in slightly bigger pieces).
         self._steps += 1
         stream = len(batch) <= 2 or self._steps % 4 == 0
-        for row, token in zip(batch.rows, tokens, strict=True):
-            if not row.done:
-                row.accept(token, stream)
+        for row, token in zip(batch.rows, tokens, strict=True):  # finished rows left at the last step
+            row.accept(token, stream)
         self._drop_finished(batch)
 
     def _drop_finished(self, batch: RunningBatch) -> None:
@@ -314,5 +313,3 @@ class TransformersEngine(Engine):
                 keep.append(i)
         batch.keep(keep)
 
-
-__all__ = ["Prompt", "TransformersEngine"]
