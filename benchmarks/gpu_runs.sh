@@ -11,9 +11,13 @@
 #       transformers  hyocr's transformers engine on card and page (the baseline row)
 #       serve   `vllm serve` with the official HunyuanOCR flags, over HTTP (needs .stage/c3's wheels carried)
 #       hfgen   transformers' generate() on static batches (benchmarks/hf_generate.py), the PyTorch baseline
+#       tsplit  the transformers engine alone (benchmarks/transformers_inprocess.py, py-spy) vs behind the
+#               server vs static generate(), cards, one sitting (TCONC, default: 32 64)
+#       tcost   one decode step of the transformers engine's RunningBatch: ms/step by rows, padded or not,
+#               sdpa vs eager, with torch.profiler's top ops (benchmarks/transformers_step_cost.py)
 # Each step writes bench JSON (+ .gpu.csv traces, server logs) to DIR; copy the JSON to benchmarks/results/.
 set -uo pipefail
-step=${1:?step: vit | diag | hyocr | variants | raw | transformers | serve | hfgen}
+step=${1:?step: vit | diag | hyocr | variants | raw | transformers | serve | hfgen | tsplit | tcost}
 out=${2:?output directory}
 mkdir -p "$out"
 # An A4 page takes ~4x a card: two requests per stream keep its levels near half a minute.
@@ -36,7 +40,7 @@ case "$step" in
   variants)
     targets=()
     for v in ${VARIANTS:-stream1 kv850 processes}; do targets+=("hyocr-vllm+$v"); done
-    HYOCR_BENCH_WORKLOAD=card python3 benchmarks/engines_gpu.py "$out" "${targets[@]}" ;;
+    HYOCR_BENCH_WORKLOAD=${WORKLOADS:-card} python3 benchmarks/engines_gpu.py "$out" "${targets[@]}" ;;
   raw)
     python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import engines_gpu; engines_gpu.build_checkpoint()"
     timeout -k 5 540 python3 benchmarks/raw_vllm.py /tmp/hunyuanocr-1.0-random "$out/{workload}-raw-vllm.json" \
@@ -54,6 +58,22 @@ case "$step" in
       python3 benchmarks/hf_generate.py /tmp/hunyuanocr-1.0-random "$out/card-hf-generate-b$b.json" --batch "$b" \
         --requests $((b * 2)) >> "$out/hfgen.log" 2>&1
     done ;;
+  tsplit)
+    python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import engines_gpu; engines_gpu.build_checkpoint()"
+    for c in ${TCONC:-32 64}; do
+      spy=()
+      [ -n "$pyspy" ] && spy=("$pyspy" record --threads --nonblocking -r 50 -f raw -o "$out/inprocess-c$c.pyspy.txt" --)
+      "${spy[@]}" python3 benchmarks/transformers_inprocess.py /tmp/hunyuanocr-1.0-random \
+        "$out/card-transformers-inprocess-c$c.json" --concurrency "$c" --max-tokens 150 >> "$out/tsplit.log" 2>&1
+    done
+    python3 benchmarks/hf_generate.py /tmp/hunyuanocr-1.0-random "$out/card-hf-generate-b32.json" --batch 32 \
+      --requests 64 >> "$out/tsplit.log" 2>&1
+    HYOCR_BENCH_CONCURRENCY=${SERVER_CONC:-32,64} HYOCR_BENCH_WORKLOAD=card \
+      python3 benchmarks/engines_gpu.py "$out" hyocr-transformers ;;
+  tcost)
+    python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import engines_gpu; engines_gpu.build_checkpoint()"
+    python3 benchmarks/transformers_step_cost.py /tmp/hunyuanocr-1.0-random "$out/transformers-step-cost.json" \
+      --rows ${TROWS:-32,64} --attention ${ATTENTION:-sdpa,eager} >> "$out/tcost.log" 2>&1 ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
 for f in "$out"/{card,page,a4}-*.json; do
@@ -61,6 +81,9 @@ for f in "$out"/{card,page,a4}-*.json; do
   python3 - "$f" <<'EOF'
 import json, sys
 doc = json.load(open(sys.argv[1]))
+if "levels" not in doc:
+    print(sys.argv[1].rsplit("/", 1)[-1], doc.get("throughput_rps"), doc.get("model_thread", ""))
+    raise SystemExit
 print(sys.argv[1].rsplit("/", 1)[-1], [(lv["concurrency"], lv["throughput_rps"], lv["latency_p50_s"], lv["ttft_p50_s"],
       round((lv["peak_gpu_memory_bytes"] or 0) / 2**30, 1), lv["errors"]) for lv in doc["levels"]])
 EOF

@@ -47,6 +47,7 @@ async def run(args: argparse.Namespace) -> dict:
 
     try:
         await stream(10_000, 2)  # warm-up
+        engine.times = type(engine.times)()
         done, started = 0, time.perf_counter()
         await asyncio.gather(*(stream(k, args.per_stream) for k in range(args.concurrency)))
         elapsed = time.perf_counter() - started
@@ -62,6 +63,7 @@ async def run(args: argparse.Namespace) -> dict:
         "concurrency": args.concurrency, "requests": done,
         "throughput_rps": round(done / elapsed, 3),
         "joined_running": engine.joined_running,
+        "model_thread": engine.times.as_dict(),  # prefill vs decode-step seconds
     }
 
 

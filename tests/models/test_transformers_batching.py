@@ -184,3 +184,37 @@ async def test_a_prompt_the_processor_refuses_is_an_engine_error_not_a_crash(eng
     monkeypatch.undo()
     text, last = await _read(engine, _request(1, 5))  # the engine serves on
     assert last.completion_tokens == 5
+
+
+def _hf_generate(engine, request: EngineRequest, **options) -> str:
+    """transformers' own generate() on the same prompt, alone: the reference a row must match."""
+    import torch
+
+    from hyocr.hunyuan.geometry import fit_image
+
+    content = [{"type": "image"}, {"type": "text", "text": request.prompt}]
+    messages = [{"role": "system", "content": request.system}, {"role": "user", "content": content}]
+    text = engine.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    image = fit_image(request.images[0], engine.bounds)
+    inputs = engine.processor(text=[text], images=[image], return_tensors="pt")
+    length = inputs["input_ids"].shape[1]
+    tokens = request.sampling.max_tokens
+    with torch.inference_mode():
+        out = engine.model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                                    temperature=None, top_p=None, top_k=None, **options)
+    return engine.processor.tokenizer.decode(out[0, length:], skip_special_tokens=True)
+
+
+PENALTY = 3.0  # 1.3 does not change the tiny random model's greedy loop
+
+
+async def test_repetition_penalty_and_min_tokens_match_generate_in_a_shared_batch(engine):
+    """A row with HF's repetition penalty (HunyuanOCR 1.5 defaults to 1.08; a large one here, so that random
+    weights feel it) decodes in one batch with rows without it, EOS masked and penalties applied for all rows
+    at once on the device: every row reads as generate() alone."""
+    penalised = _request(3, 48, repetition_penalty=PENALTY)
+    plain = [_request(4, 48), _request(5, 20)]
+    want = [_hf_generate(engine, penalised, repetition_penalty=PENALTY)] + [_hf_generate(engine, r) for r in plain]
+    assert want[0] != _hf_generate(engine, _request(3, 48))  # the penalty changes this row's text
+    got = await asyncio.gather(*(_read(engine, r) for r in (penalised, *plain)))
+    assert [text for text, _ in got] == want

@@ -9,7 +9,9 @@ it HunyuanOCR needs, on the model's ordinary forward and ``DynamicCache``:
   of their own, then pads the running cache or theirs on the left to one length and stacks the two;
 - a decode step runs every row one token forward with its own rotary position and padding mask;
 - a finished row is dropped from the cache (``index_select``), and padding that no row needs any more is
-  cut from the left, so the cache stays as long as its longest row.
+  cut from the left, so the cache stays as long as its longest row;
+- what choosing the next tokens needs per row lives on the device beside the cache (the EOS ids, and for a
+  repetition penalty the tokens each row has seen), so a step costs the same few device calls at any size.
 """
 
 from __future__ import annotations
@@ -28,11 +30,27 @@ class RunningBatch:
         self.mask: Any = None  # [rows, length] 1 where a cached token is real, 0 where it is padding
         self.positions: Any = None  # [rows] the rotary position of each row's next token
         self.last: Any = None  # [rows] each row's latest token (the next step's input)
+        # Only while some row has a repetition penalty: [rows, vocab] tokens seen, [rows, 1] its penalty (1.0: none)
+        self.seen: Any = None
+        self.penalty: Any = None
+        self.eos: Any = None  # the EOS ids on the device (set by the engine)
+        self.vocab = 0
         rope = model.config.text_config.rope_parameters or {}
         self.axes = len(rope.get("mrope_section", [])) or 1  # rotary position axes (XD-RoPE: 4)
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def set_eos(self, eos_ids: set[int]) -> None:
+        import torch
+
+        self.eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=self.device)
+
+    def choice_inputs(self, start: int = 0) -> dict[str, Any]:
+        """choose_tokens' device tensors for rows ``start``.."""
+        seen = None if self.seen is None else self.seen[start:]
+        penalty = None if self.penalty is None else self.penalty[start:]
+        return {"eos": self.eos, "seen": seen, "penalty": penalty}
 
     def prefill(self, rows: list[Any], prompts: list[Prompt]) -> Any:
         """Prefill ``prompts`` into a cache of their own and append them to the batch. Returns their
@@ -62,8 +80,10 @@ class RunningBatch:
             past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs,
         )
         nxt = torch.tensor([p.next_position for p in prompts], device=self.device)
-        self._append(rows, out.past_key_values, mask, nxt)
-        return out.logits[:, -1]
+        logits = out.logits[:, -1]
+        self.vocab = logits.shape[-1]
+        self._append(rows, out.past_key_values, mask, nxt, self._seen_prompts(rows, prompts, logits.shape[-1]))
+        return logits
 
     def step(self) -> Any:
         """One decode step for every row: [rows, vocab] logits of each row's next token."""
@@ -84,6 +104,8 @@ class RunningBatch:
 
         chosen = torch.tensor(tokens, dtype=torch.long, device=self.device)
         self.last = chosen if start == 0 or self.last is None else torch.cat([self.last[:start], chosen])
+        if self.seen is not None:
+            self.seen[torch.arange(start, start + len(tokens), device=self.device), chosen] = True
 
     def keep(self, indices: list[int]) -> None:
         """Keep only these rows (in this order); cut the padding no remaining row needs."""
@@ -99,6 +121,8 @@ class RunningBatch:
         self.mask = self.mask.index_select(0, index)
         self.positions = self.positions.index_select(0, index)
         self.last = self.last.index_select(0, index)
+        if self.seen is not None:
+            self.seen, self.penalty = self.seen.index_select(0, index), self.penalty.index_select(0, index)
         lead = int(self.mask.any(dim=0).long().argmax())  # first column some row still uses
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(0, index)[:, :, lead:]
@@ -107,13 +131,44 @@ class RunningBatch:
 
     def clear(self) -> None:
         self.rows, self.cache, self.mask, self.positions, self.last = [], None, None, None, None
+        self.seen = self.penalty = None
 
-    def _append(self, rows: list[Any], cache: Any, mask: Any, positions: Any) -> None:
+    def _seen_prompts(self, rows: list[Any], prompts: list[Prompt], vocab: int) -> Any:
+        """(seen, penalty) of the newcomers, or None when none has a repetition penalty. HF's penalty
+        covers the prompt's tokens as well as the output's."""
+        if all(row.penalty is None for row in rows):
+            return None
+        import torch
+
+        seen = torch.zeros(len(rows), vocab, dtype=torch.bool, device=self.device)
+        for i, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
+            if row.penalty is not None:
+                seen[i, prompt.ids.to(self.device)] = True
+        penalty = torch.tensor([[row.penalty or 1.0] for row in rows], device=self.device)
+        return seen, penalty
+
+    def _append_choices(self, old_rows: int, choices: Any, new_rows: int, vocab: int) -> None:
+        """Stack the newcomers' (seen, penalty) under the running rows', zeros and 1.0 for whoever has none."""
+        import torch
+
+        if choices is None and self.seen is None:
+            return
+        seen, penalty = choices if choices is not None else (
+            torch.zeros(new_rows, vocab, dtype=torch.bool, device=self.device),
+            torch.ones(new_rows, 1, device=self.device),
+        )
+        if self.seen is None:
+            self.seen = torch.zeros(old_rows, vocab, dtype=torch.bool, device=self.device)
+            self.penalty = torch.ones(old_rows, 1, device=self.device)
+        self.seen, self.penalty = torch.cat([self.seen, seen]), torch.cat([self.penalty, penalty])
+
+    def _append(self, rows: list[Any], cache: Any, mask: Any, positions: Any, choices: Any) -> None:
         import torch
         import torch.nn.functional as F  # noqa: N812
 
         if self.cache is None:
             self.rows, self.cache, self.mask, self.positions = list(rows), cache, mask, positions
+            self.seen, self.penalty = choices if choices is not None else (None, None)
             return
         old, new = self.mask.shape[1], mask.shape[1]
         length = max(old, new)
@@ -125,4 +180,5 @@ class RunningBatch:
             )
         self.mask = torch.cat([F.pad(self.mask, (length - old, 0)), F.pad(mask, (length - new, 0))])
         self.positions = torch.cat([self.positions, positions])
+        self._append_choices(len(self.rows), choices, len(rows), self.vocab)
         self.rows += rows

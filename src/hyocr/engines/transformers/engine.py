@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...config import SettingsError
@@ -34,6 +35,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _STOP = object()
+
+
+@dataclass
+class StepTimes:
+    """Where the model thread's time goes (seconds include the GPU: choosing tokens waits for it)."""
+
+    prefills: int = 0
+    prefill_s: float = 0.0
+    steps: int = 0
+    step_s: float = 0.0
+    rows_stepped: int = 0  # sum over steps of the rows decoded: / steps = the mean batch
+
+    def as_dict(self) -> dict[str, float]:
+        return {**asdict(self), "mean_rows": round(self.rows_stepped / self.steps, 2) if self.steps else 0.0}
+
+
 JOIN_STEPS = 8  # decode steps a newcomer may wait for others to join with (one prefill for the group)
 
 
@@ -84,7 +101,7 @@ class TransformersEngine(Engine):
         self._loaded = False
         self.cancelled_rows = 0  # rows dropped mid-generation because their client went away
         self.joined_running = 0  # requests admitted while other rows were mid-generation
-        self._steps = 0
+        self.times = StepTimes()
         self.model: Any = None
         self.processor: Any = None
 
@@ -213,6 +230,7 @@ class TransformersEngine(Engine):
 
     def _serve(self) -> None:
         batch = RunningBatch(self.model, self.device)
+        batch.set_eos(self.eos_ids)
         stopping = False
         while True:
             stopping = self._collect(block=not batch.rows and not stopping) or stopping
@@ -276,7 +294,7 @@ class TransformersEngine(Engine):
         rows = [Row(j, self.processor.tokenizer, self.eos_ids, self.max_model_len, self.device) for j in group]
         if batch.rows:
             self.joined_running += len(rows)
-        start = len(batch)
+        start, began = len(batch), time.perf_counter()
         try:
             logits = batch.prefill(rows, [j.prompt for j in group])
         except Exception as exc:  # the running rows are untouched: fail only the newcomers
@@ -285,20 +303,25 @@ class TransformersEngine(Engine):
             for job in group:
                 job.emit(error)
             return
-        tokens = choose_tokens(logits, rows)
+        tokens = choose_tokens(logits, rows, **batch.choice_inputs(start))
+        self.times.prefills += 1
+        self.times.prefill_s += time.perf_counter() - began
         batch.set_last(tokens, start)
         for row, token in zip(rows, tokens, strict=True):
             row.accept(token, stream=len(batch) <= 2)
         self._drop_finished(batch)
 
     def _step(self, batch: RunningBatch) -> None:
+        began = time.perf_counter()
         logits = batch.step()
-        tokens = choose_tokens(logits, batch.rows)
+        tokens = choose_tokens(logits, batch.rows, **batch.choice_inputs())
+        self.times.steps += 1
+        self.times.step_s += time.perf_counter() - began
+        self.times.rows_stepped += len(batch)
         batch.set_last(tokens)
         # Decoding text is the per-step Python cost that grows with the batch: a lone request streams every
         # token, a batch every few steps (as fast, in slightly bigger pieces).
-        self._steps += 1
-        stream = len(batch) <= 2 or self._steps % 4 == 0
+        stream = len(batch) <= 2 or self.times.steps % 4 == 0
         for row, token in zip(batch.rows, tokens, strict=True):  # finished rows left at the last step
             row.accept(token, stream)
         self._drop_finished(batch)

@@ -77,8 +77,6 @@ class Row:
         self.done = False
         self.greedy = not s.temperature
         self.penalty = s.repetition_penalty if s.repetition_penalty and s.repetition_penalty != 1.0 else None
-        # HF's repetition penalty covers the prompt and the output; kept on the device, rows with a penalty only
-        self.history = job.prompt.ids.to(device) if self.penalty else None
         self.generator = None
         if not self.greedy and s.seed is not None:
             self.generator = torch.Generator(device=device).manual_seed(s.seed)
@@ -94,10 +92,6 @@ class Row:
             return True
         self.count += 1
         self.decoder.add(token)
-        if self.history is not None:
-            import torch
-
-            self.history = torch.cat([self.history, self.history.new_tensor([token])])
         if self.count >= self.max_tokens:
             self.finish(FinishReason.LENGTH)
             return True
@@ -116,23 +110,36 @@ class Row:
         self.job.emit(EngineChunk(finish_reason=reason, prompt_tokens=self.prompt_tokens, completion_tokens=self.count))
 
 
-def choose_tokens(logits: Any, rows: list[Row]) -> list[int]:
-    """The next token of every row from its logits ([rows, vocab]): greedy rows by argmax in one call,
-    the rest sampled with their own temperature, top-k, top-p and seed; EOS held back below min_tokens."""
+def choose_tokens(logits: Any, rows: list[Row], eos: Any = None, seen: Any = None, penalty: Any = None) -> list[int]:
+    """The next token of every row from its logits ([rows, vocab]), in a fixed number of device calls
+    whatever the batch size (a per-row index copy to the GPU waits for the GPU, once per row per step):
+    EOS (``eos``, ids on the device) held back for rows below their min_tokens; HF's repetition penalty
+    where ``seen`` ([rows, vocab], prompt and output tokens) with ``penalty`` ([rows, 1], 1.0 for none);
+    greedy rows by argmax, the rest sampled with their own temperature, top-k, top-p and seed."""
     import torch
 
     logits = logits.float()
-    for i, row in enumerate(rows):
-        if row.count < row.min_tokens and row.eos_ids:
-            logits[i, list(row.eos_ids)] = float("-inf")
-        if row.penalty is not None:  # HF's RepetitionPenaltyLogitsProcessor, one row
-            seen = logits[i].gather(0, row.history)
-            logits[i].scatter_(0, row.history, torch.where(seen < 0, seen * row.penalty, seen / row.penalty))
+    if eos is not None and len(eos):
+        below = [row.count < row.min_tokens for row in rows]
+        if all(below):
+            logits[:, eos] = float("-inf")
+        elif any(below):
+            block = _on_device(torch.tensor(below), logits.device)
+            logits[:, eos] = logits[:, eos].masked_fill(block[:, None], float("-inf"))
+    if seen is not None:  # HF's RepetitionPenaltyLogitsProcessor, every row at once
+        logits = torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
     tokens = logits.argmax(dim=-1).tolist()
     for i, row in enumerate(rows):
         if not row.greedy:
             tokens[i] = _sample(logits[i], row.job.sampling, row.generator)
     return tokens
+
+
+def _on_device(values: Any, device: Any) -> Any:
+    """A small CPU tensor on ``device`` without waiting for the GPU (pinned, non-blocking copy)."""
+    if getattr(device, "type", str(device)) == "cpu":
+        return values
+    return values.pin_memory().to(device, non_blocking=True)
 
 
 def _sample(logits: Any, s: SamplingParams, generator: Any) -> int:
