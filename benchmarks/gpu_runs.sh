@@ -68,12 +68,14 @@ case "$step" in
     done
     python3 benchmarks/hf_generate.py /tmp/hunyuanocr-1.0-random "$out/card-hf-generate-b32.json" --batch 32 \
       --requests 64 >> "$out/tsplit.log" 2>&1
+    python3 benchmarks/hf_generate.py /tmp/hunyuanocr-1.0-random "$out/card-hf-generate-b32-nocudnn.json" --batch 32 \
+      --requests 64 --no-cudnn >> "$out/tsplit.log" 2>&1
     HYOCR_BENCH_CONCURRENCY=${SERVER_CONC:-32,64} HYOCR_BENCH_WORKLOAD=card \
       python3 benchmarks/engines_gpu.py "$out" hyocr-transformers ;;
   tcost)
     python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import engines_gpu; engines_gpu.build_checkpoint()"
     python3 benchmarks/transformers_step_cost.py /tmp/hunyuanocr-1.0-random "$out/transformers-step-cost.json" \
-      --rows ${TROWS:-32,64} --attention ${ATTENTION:-sdpa,eager} >> "$out/tcost.log" 2>&1 ;;
+      --rows ${TROWS:-32,64} --attention ${ATTENTION:-sdpa,sdpa+cudnn,eager} >> "$out/tcost.log" 2>&1 ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
 for f in "$out"/{card,page,a4}-*.json; do

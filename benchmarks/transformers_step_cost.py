@@ -24,7 +24,8 @@ def main() -> int:
     parser.add_argument("output")
     parser.add_argument("--rows", default="32,64")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--attention", default="sdpa", help="attn_implementation(s), comma-separated")
+    parser.add_argument("--attention", default="sdpa,sdpa+cudnn",
+                        help="attn_implementation(s), comma-separated; sdpa+cudnn: SDPA allowed to pick cuDNN")
     args = parser.parse_args()
 
     import torch
@@ -51,8 +52,9 @@ def main() -> int:
             torch.cuda.synchronize()
 
     for attention in args.attention.split(","):
+        implementation, _, cudnn = attention.partition("+")
         model = AutoModelForImageTextToText.from_pretrained(args.checkpoint, dtype=dtype,
-                                                            attn_implementation=attention).to(device).eval()
+                                                            attn_implementation=implementation).to(device).eval()
         eos = set([model.generation_config.eos_token_id] if isinstance(model.generation_config.eos_token_id, int)
                   else model.generation_config.eos_token_id or [])
 
@@ -73,6 +75,7 @@ def main() -> int:
                 for mixed in (False, True):
                     encoded = prompts(n, mixed)
                     batch = RunningBatch(model, device)
+                    batch.cudnn_attention = cudnn == "cudnn"  # the engine's default excludes it
                     batch.set_eos(eos)
                     rows = [Row(Job(r, p, None, None), processor.tokenizer, eos, None, device) for r, p in encoded]
                     logits = batch.prefill(rows, [p for _, p in encoded])

@@ -73,6 +73,21 @@ class PageImage:
 
 
 @dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on the output's shape: the engine decodes only text that matches it (vLLM's structured
+    outputs, xgrammar on the transformers engine). Exactly one of the three is set. Built and bounded by
+    ``pipeline.structured``; ``json_schema`` is canonical JSON text, so equal schemas share one grammar."""
+
+    json_schema: str | None = None  # a JSON Schema
+    json_object: bool = False  # any JSON object
+    choice: tuple[str, ...] = ()  # exactly one of these strings
+
+    @property
+    def kind(self) -> str:
+        return "json_schema" if self.json_schema is not None else "json_object" if self.json_object else "choice"
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Generation options. ``None`` means "engine/task default"."""
 
@@ -88,6 +103,7 @@ class SamplingParams:
     loop_guard: bool | None = None  # None: the server's setting
     ignore_eos: bool = False  # benchmarks: exactly max_tokens per request
     min_tokens: int | None = None
+    structured: StructuredOutput | None = None  # constrained decoding (schema extraction, response_format)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from ..config import Settings
 from ..errors import InvalidRequest
 from ..hunyuan.prompts import match_prompt, parse_task
-from ..types import MediaInput, OcrCall, SamplingParams, Task
+from ..pipeline import structured
+from ..types import MediaInput, OcrCall, SamplingParams, StructuredOutput, Task
 from .protocol import (
     MAX_TEXT_CHARS,
     ChatCompletionRequest,
@@ -13,6 +17,7 @@ from .protocol import (
     ImagePart,
     OcrJsonRequest,
     SamplingFields,
+    StructuredFields,
     WireModel,
 )
 
@@ -44,6 +49,47 @@ def sampling_from(req: SamplingFields, settings: Settings) -> SamplingParams:
         ignore_eos=req.ignore_eos,
         min_tokens=req.min_tokens,
     )
+
+
+def _structured_outputs(value: dict[str, Any]) -> StructuredOutput:
+    """vLLM's ``structured_outputs`` body: json, json_object or choice (its whitespace and backend options are
+    the server's: compact JSON, xgrammar)."""
+    kinds = [k for k in ("json", "json_object", "choice", "regex", "grammar", "structural_tag") if value.get(k)]
+    if len(kinds) != 1:
+        raise InvalidRequest("structured_outputs takes exactly one of json, json_object, choice",
+                             param="structured_outputs")
+    if kinds[0] == "json":
+        return structured.from_schema(value["json"], param="structured_outputs.json")
+    if kinds[0] == "json_object":
+        return structured.JSON_OBJECT
+    if kinds[0] == "choice":
+        return structured.from_choice(value["choice"])
+    raise InvalidRequest(f"structured_outputs.{kinds[0]} is not supported: use json (a JSON Schema), json_object "
+                         "or choice", param=f"structured_outputs.{kinds[0]}")
+
+
+def structured_from(req: StructuredFields) -> StructuredOutput | None:
+    """The request's output constraint, from whichever spelling it used (at most one)."""
+    given: list[tuple[str, StructuredOutput | None]] = []
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_object":
+        given.append(("response_format", structured.JSON_OBJECT))
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+            raise InvalidRequest("response_format.json_schema.schema is required for type json_schema",
+                                 param="response_format.json_schema")
+        given.append(("response_format", structured.from_schema(fmt.json_schema.json_schema,
+                                                                param="response_format.json_schema.schema")))
+    if req.structured_outputs:
+        given.append(("structured_outputs", _structured_outputs(req.structured_outputs)))
+    if req.guided_json is not None:
+        given.append(("guided_json", structured.from_schema(req.guided_json, param="guided_json")))
+    if req.guided_choice is not None:
+        given.append(("guided_choice", structured.from_choice(req.guided_choice, param="guided_choice")))
+    if len(given) > 1:
+        raise InvalidRequest(f"send one output constraint, not {' and '.join(name for name, _ in given)}",
+                             param=given[1][0])
+    return given[0][1] if given else None
 
 
 def _media_from_url(url: str, param: str) -> MediaInput:
@@ -142,9 +188,8 @@ def chat_call(req: ChatCompletionRequest, settings: Settings) -> OcrCall:
                 media.append(_media_from_url(url, f"messages.{index}.content.{j}.image_url"))
             else:
                 texts.append(part.text)
-    return prompt_call(
-        "\n".join(texts), media, sampling_from(req, settings), system="\n".join(system_parts), model=req.model
-    )
+    sampling = replace(sampling_from(req, settings), structured=structured_from(req))
+    return prompt_call("\n".join(texts), media, sampling, system="\n".join(system_parts), model=req.model)
 
 
 def completion_call(req: CompletionRequest, settings: Settings) -> OcrCall:
@@ -163,7 +208,8 @@ def completion_call(req: CompletionRequest, settings: Settings) -> OcrCall:
         raise InvalidRequest("suffix is not supported", param="suffix")
     images = ([req.image] if req.image else []) + list(req.images or [])
     media = [_media_from_url(img, "image" if i == 0 and req.image else f"images.{i}") for i, img in enumerate(images)]
-    return prompt_call(prompt, media, sampling_from(req, settings), model=req.model)
+    return prompt_call(prompt, media, replace(sampling_from(req, settings), structured=structured_from(req)),
+                       model=req.model)
 
 
 def ocr_call(
@@ -181,14 +227,25 @@ def ocr_call(
     fields = req.fields
     if isinstance(fields, str):  # form field "name,date" or a JSON list in a string
         fields = [f for f in (s.strip().strip("'\"[]") for s in fields.split(",")) if f]
+    task = parse_task(req.task)
+    sampling = sampling_from(req, settings)
+    if req.extraction_schema is not None:
+        if task is not Task.EXTRACT:
+            raise InvalidRequest("schema is for task=extract", param="schema")
+        if fields:
+            raise InvalidRequest("send fields or a schema, not both (a schema's properties are its fields)",
+                                 param="fields")
+        schema = structured.from_schema(req.extraction_schema)
+        fields = list(structured.extraction_keys(schema))
+        sampling = replace(sampling, structured=schema)
     return OcrCall(
         media=tuple(media),
-        task=parse_task(req.task),
+        task=task,
         fields=tuple(fields or ()),
         target_language=req.language,
         question=req.question,
         prompt_language=req.prompt_language,
-        sampling=sampling_from(req, settings),
+        sampling=sampling,
         strict_task=True,
         model=req.model,
         accept_pdf=True,

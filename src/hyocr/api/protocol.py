@@ -31,9 +31,12 @@ REFUSED_FIELDS = (
     "tools",
     "tool_choice",
     "functions",
-    "guided_json",
-    "guided_grammar",
     "logits_processors",
+    # Grammars and regular expressions compile without a bound this server can check (structured outputs take
+    # a JSON Schema, json_object or a choice: pipeline/structured.py)
+    "guided_grammar",
+    "guided_regex",
+    "guided_decoding_backend",
 )
 
 
@@ -110,7 +113,31 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(SamplingFields):
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str | None = Field(None, max_length=64)
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredFields(WireModel):
+    """Constrained decoding, in OpenAI's and vLLM's spellings (at most one of them per request)."""
+
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = Field(
+        None, description="vLLM: {json: schema} | {json_object: true} | {choice: [...]}")
+    guided_json: dict[str, Any] | str | None = Field(None, description="vLLM's older spelling of structured_outputs.json")
+    guided_choice: list[str] | None = Field(None, description="vLLM's older spelling of structured_outputs.choice")
+
+
+class ChatCompletionRequest(SamplingFields, StructuredFields):
     model: str | None = None
     messages: list[ChatMessage] = Field(..., min_length=1, max_length=64)
     stream: bool = False
@@ -121,7 +148,7 @@ class ChatCompletionRequest(SamplingFields):
 # ---------------------------------------------------------------- completions
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, StructuredFields):
     """OpenAI completions, plus the reference article's ``image`` (base64) field."""
 
     model: str | None = None
@@ -139,10 +166,15 @@ class CompletionRequest(SamplingFields):
 
 
 class OcrJsonRequest(SamplingFields):
+    model_config = ConfigDict(populate_by_name=True)
+
     image: str | None = Field(None, description="base64 or data URL: an image or a PDF")
     images: list[str] | None = Field(None, max_length=64, description="several pages (images)")
     task: str = "spotting"
     fields: list[str] | str | None = Field(None, description="field names for task=extract")
+    extraction_schema: dict[str, Any] | str | None = Field(
+        None, alias="schema", description="task=extract: a JSON Schema object (its top-level properties are the "
+        "fields); decoding is constrained to it and every page's fields are validated against it")
     language: str = Field("en", description="target language for task=translate: en | zh")
     question: str | None = Field(None, description="the question for task=vqa")
     prompt_language: Literal["zh", "en"] | None = None

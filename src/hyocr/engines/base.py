@@ -24,6 +24,7 @@ class EngineInfo:
     follows_prompts: bool  # a vision-language model that reads the prompt (vs. a fixed OCR pipeline)
     max_images: int = 1  # images per engine request
     adapters: tuple[str, ...] = ()  # LoRA adapters a request can select by model name
+    structured: bool = False  # decodes under an output constraint (SamplingParams.structured)
     details: dict[str, str] = field(default_factory=dict)  # revision, model path, versions
 
 

@@ -70,10 +70,12 @@ class FakeScript:
 
 
 class FakeEngine(Engine):
-    def __init__(self, script: FakeScript | None = None, *, model: str = "fake-ocr") -> None:
+    def __init__(self, script: FakeScript | None = None, *, model: str = "fake-ocr", structured: bool = True) -> None:
         self.script = script or FakeScript()
+        # ``structured``: it takes output constraints (and writes its usual text: a schema of string fields
+        # happens to match its extraction output, any other shows how a mismatch is reported)
         self.info = EngineInfo(
-            name="fake", model=model, tasks=ALL_TASKS, follows_prompts=True, max_images=8
+            name="fake", model=model, tasks=ALL_TASKS, follows_prompts=True, max_images=8, structured=structured
         )
         self.started = False
         self.crashed = False  # kill(): readiness fails, as a dead engine process would

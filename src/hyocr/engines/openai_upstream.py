@@ -25,7 +25,7 @@ from ..config import SettingsError
 from ..errors import EngineError, HyocrError, InvalidRequest, ServiceUnavailable
 from ..hunyuan.chat import chat_messages, data_url, sampling_kwargs
 from ..hunyuan.geometry import PixelBounds, fit_image
-from ..types import EngineChunk, EngineRequest, FinishReason
+from ..types import EngineChunk, EngineRequest, FinishReason, StructuredOutput
 from .base import Engine, EngineInfo
 from .circuit import CircuitBreaker
 from .registry import ALL_TASKS
@@ -43,6 +43,21 @@ def normalize_base_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise SettingsError(f"upstream URL must start with http:// or https://, got {url!r}")
     return url if url.endswith("/v1") else url + "/v1"
+
+
+def _constraint_body(constraint: StructuredOutput | None) -> dict:
+    """The output constraint in OpenAI's words (vLLM's server reads them too); a choice in vLLM's, which
+    OpenAI has none for. Compact whitespace is the upstream's setting (vLLM: --structured-outputs-config
+    '{"backend": "xgrammar", "disable_any_whitespace": true}')."""
+    if constraint is None:
+        return {}
+    if constraint.json_schema is not None:
+        schema = json.loads(constraint.json_schema)
+        return {"response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "hyocr_schema", "schema": schema, "strict": True}}}
+    if constraint.json_object:
+        return {"response_format": {"type": "json_object"}}
+    return {"structured_outputs": {"choice": list(constraint.choice)}}
 
 
 class OpenAIUpstreamEngine(Engine):
@@ -81,6 +96,7 @@ class OpenAIUpstreamEngine(Engine):
             tasks=ALL_TASKS,
             follows_prompts=True,
             max_images=self._max_images,
+            structured=True,  # forwarded (response_format): the upstream keeps it or answers 400
             details={"upstream": self.base_url, "upstream_model": self.upstream_model or "?"},
         )
 
@@ -144,6 +160,7 @@ class OpenAIUpstreamEngine(Engine):
             "stream": True,
             "stream_options": {"include_usage": True},
             **sampling_kwargs(request.sampling),
+            **_constraint_body(request.sampling.structured),
         }
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:

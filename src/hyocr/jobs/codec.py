@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, fields, replace
 from typing import Any
 
-from ..types import FinishReason, OcrCall, PageResult, SamplingParams, Task, TextBlock, Usage
+from ..types import FinishReason, OcrCall, PageResult, SamplingParams, StructuredOutput, Task, TextBlock, Usage
 
 _CALL_FIELDS = tuple(f.name for f in fields(OcrCall) if f.name != "media")
 
@@ -17,12 +17,17 @@ def call_to_json(call: OcrCall) -> dict[str, Any]:
     out["fields"] = list(call.fields)
     out["sampling"] = asdict(call.sampling)
     out["sampling"]["stop"] = list(call.sampling.stop)
+    if call.sampling.structured is not None:  # asdict made it a dict; its choice tuple a list
+        out["sampling"]["structured"]["choice"] = list(call.sampling.structured.choice)
     return out
 
 
 def call_from_json(data: dict[str, Any]) -> OcrCall:
     sampling = dict(data["sampling"])
     sampling["stop"] = tuple(sampling.get("stop") or ())
+    if sampling.get("structured"):
+        constraint = dict(sampling["structured"])
+        sampling["structured"] = StructuredOutput(**{**constraint, "choice": tuple(constraint.get("choice") or ())})
     values = {name: data[name] for name in _CALL_FIELDS if name in data}
     values.update(task=Task(data["task"]), fields=tuple(data.get("fields") or ()),
                   sampling=SamplingParams(**sampling))

@@ -55,6 +55,10 @@ class Metrics:
         self.prompt_tokens = Counter("hyocr_prompt_tokens", "Prompt tokens (images included)", registry=r)
         self.output_tokens = Counter("hyocr_output_tokens", "Generated tokens", registry=r)
         self.repetition_stops = Counter("hyocr_repetition_stops", "Outputs cut by the loop guard", registry=r)
+        self.grammar_compile = Histogram("hyocr_grammar_compile_seconds", "Compiling a new output constraint "
+                                         "(a schema) to a grammar", buckets=_TTFT_BUCKETS, registry=r)
+        self.grammar_cache = Counter("hyocr_grammar_cache", "Requests with an output constraint, by whether its "
+                                     "grammar was compiled already (hit) or now (miss)", ["result"], registry=r)
         self.queue = Gauge("hyocr_queue_length", "Requests waiting for admission", registry=r,
                            multiprocess_mode="livesum")
         self.in_flight = Gauge("hyocr_requests_in_flight", "Requests admitted to the engine", registry=r,
@@ -133,6 +137,10 @@ class Metrics:
         self.prompt_tokens.inc(stats.get("prompt_tokens", 0))
         self.output_tokens.inc(stats.get("output_tokens", 0))
         self.repetition_stops.inc(stats.get("repetition_stops", 0))
+        if stats.get("grammar_cache") in ("hit", "miss"):
+            self.grammar_cache.labels(stats["grammar_cache"]).inc()
+        if "grammar_compile_ms" in stats:
+            self.grammar_compile.observe(stats["grammar_compile_ms"] / 1000)
 
 
 class GpuCollector:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from ..hunyuan import extraction
 from ..hunyuan.markdown import markdown_from_document
 from ..hunyuan.spotting import parse_spotting
-from ..types import FinishReason, PageImage, PageResult, Task, TextBlock, Usage
-from . import postprocess
+from ..types import FinishReason, PageImage, PageResult, StructuredOutput, Task, TextBlock, Usage
+from . import postprocess, structured as constraints
 
 TRIM_MIN_CHARS = 2000  # HunyuanOCR 1.5's threshold (1.0 used 8000)
 
@@ -41,10 +41,12 @@ def build_page(
     *,
     trim_loops: bool = True,
     single_key: bool = False,
+    structured: StructuredOutput | None = None,
 ) -> PageResult:
     """Raw engine output -> a structured page (pure; the post-processing rules live here).
 
-    ``trim_loops``: whether the text was generated (and so may loop); see ``cut_loops``.
+    ``trim_loops``: whether the text was generated (and so may loop); see ``cut_loops``. ``structured``: the
+    schema an extraction was decoded under: its fields are the whole validated object, or the page says why not.
     """
     text, finish = cut_loops(raw, finish, trim_loops)
     markdown = values = error = None
@@ -55,6 +57,8 @@ def build_page(
     elif task is Task.DOCUMENT:
         markdown = markdown_from_document(text)
         text = markdown
+    elif task is Task.EXTRACT and structured is not None:
+        values, error = constraints.parse_output(text, structured, complete=finish is FinishReason.STOP)
     elif task is Task.EXTRACT and single_key and len(fields) == 1:
         values = {fields[0]: text.strip()}
     elif task is Task.EXTRACT:

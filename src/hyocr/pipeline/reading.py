@@ -28,6 +28,7 @@ from ..types import (
     PageText,
     Prepared,
     ReadDone,
+    Task,
     TextBlock,
     Usage,
 )
@@ -153,5 +154,6 @@ def _built(run: EngineRun, prep: Prepared, page: PageImage, text: str, blocks: t
             prep.task, page, text, blocks, last.finish_reason or FinishReason.STOP,
             Usage(last.prompt_tokens, last.completion_tokens), prep.call.fields,
             trim_loops=run.engine.info.follows_prompts, single_key=prep.call.single_key,
+            structured=prep.call.sampling.structured if prep.task is Task.EXTRACT else None,
         ).read_from(page)
     return result, (time.perf_counter() - t0) * 1000

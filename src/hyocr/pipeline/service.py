@@ -218,7 +218,14 @@ class OcrService:
             raise InvalidRequest(f"{len(media)} images given; at most {self.max_images} per request", param="image")
 
     def resolve_task(self, call: OcrCall) -> tuple[Task, Task]:
-        """(task that will run, task that was asked). Raises UnsupportedTask for strict calls."""
+        """(task that will run, task that was asked). Raises UnsupportedTask for strict calls, and
+        InvalidRequest for an output constraint the engine cannot keep."""
+        if call.sampling.structured is not None and not self.engine.info.structured:
+            raise InvalidRequest(
+                f"the {self.engine.info.name} engine cannot constrain its output to a schema "
+                "(vllm can; transformers with xgrammar installed; openai when its upstream can)",
+                param="schema" if call.strict_task else "response_format", code="structured_outputs_unsupported",
+            )
         requested = call.task
         if self.engine.supports(requested):
             return requested, requested

@@ -24,7 +24,7 @@ from .deps import service_of, settings_of
 
 router = APIRouter(tags=["ocr"])
 
-_FORM_FIELDS = frozenset({"task", "fields", "language", "question", "prompt_language", "max_tokens", "temperature",
+_FORM_FIELDS = frozenset({"task", "fields", "schema", "language", "question", "prompt_language", "max_tokens", "temperature",
                           "model", "pages", "prefer_text_layer", "stream"})
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -40,6 +40,7 @@ _DOC = {
                         "file": {"type": "string", "format": "binary", "description": "an image or a PDF"},
                         "task": {"type": "string", "default": "spotting"},
                         "fields": {"type": "string", "description": "comma-separated, for task=extract"},
+                        "schema": {"type": "string", "description": "task=extract: a JSON Schema (JSON text)"},
                         "language": {"type": "string", "description": "translation target: en | zh"},
                         "question": {"type": "string", "description": "for task=vqa"},
                         "max_tokens": {"type": "integer"},

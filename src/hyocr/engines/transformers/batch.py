@@ -11,7 +11,10 @@ it HunyuanOCR needs, on the model's ordinary forward and ``DynamicCache``:
 - a finished row is dropped from the cache (``index_select``), and padding that no row needs any more is
   cut from the left, so the cache stays as long as its longest row;
 - what choosing the next tokens needs per row lives on the device beside the cache (the EOS ids, and for a
-  repetition penalty the tokens each row has seen), so a step costs the same few device calls at any size.
+  repetition penalty the tokens each row has seen), so a step costs the same few device calls at any size;
+- every forward runs with SDPA's cuDNN backend excluded (``attention_kernels``): torch picks it on Hopper,
+  and it builds a cuDNN graph for every new key length, i.e. at every decode step: 2.1 ms of CPU per layer
+  call, 51 of a step's 61 ms at 32 rows on an H200 (benchmarks/NOTES.md, change 17).
 """
 
 from __future__ import annotations
@@ -19,6 +22,18 @@ from __future__ import annotations
 from typing import Any
 
 from .prompts import Prompt
+
+
+def attention_kernels(device: Any, cudnn: bool = False) -> Any:
+    """The context every forward of the batch runs in: on CUDA, SDPA may pick flash, memory-efficient
+    or math attention but not cuDNN (unless ``cudnn``); elsewhere nothing changes."""
+    import contextlib
+
+    if cudnn or getattr(device, "type", str(device).split(":")[0]) != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 class RunningBatch:
@@ -35,6 +50,7 @@ class RunningBatch:
         self.penalty: Any = None
         self.eos: Any = None  # the EOS ids on the device (set by the engine)
         self.vocab = 0
+        self.cudnn_attention = False  # benchmarks: let SDPA pick cuDNN again (the measured alternative)
         rope = model.config.text_config.rope_parameters or {}
         self.axes = len(rope.get("mrope_section", [])) or 1  # rotary position axes (XD-RoPE: 4)
 
@@ -75,10 +91,11 @@ class RunningBatch:
             inputs["image_grid_thw"] = inputs["image_grid_thw"].to(self.device)
         cache = DynamicCache(config=self.model.config)
         mask = mask.to(self.device)
-        out = self.model(
-            input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions.to(self.device),
-            past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs,
-        )
+        with attention_kernels(self.device, self.cudnn_attention):
+            out = self.model(
+                input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions.to(self.device),
+                past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs,
+            )
         nxt = torch.tensor([p.next_position for p in prompts], device=self.device)
         logits = out.logits[:, -1]
         self.vocab = logits.shape[-1]
@@ -91,10 +108,11 @@ class RunningBatch:
 
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], dim=1)
         position_ids = self.positions.view(1, -1, 1).expand(self.axes, -1, 1)
-        out = self.model(
-            input_ids=self.last.view(-1, 1), attention_mask=self.mask, position_ids=position_ids,
-            past_key_values=self.cache, use_cache=True,
-        )
+        with attention_kernels(self.device, self.cudnn_attention):
+            out = self.model(
+                input_ids=self.last.view(-1, 1), attention_mask=self.mask, position_ids=position_ids,
+                past_key_values=self.cache, use_cache=True,
+            )
         self.positions = self.positions + 1
         return out.logits[:, -1]
 

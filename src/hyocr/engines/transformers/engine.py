@@ -24,6 +24,7 @@ from ...config import SettingsError
 from ...errors import InvalidRequest, ServiceUnavailable, engine_failure
 from ...hunyuan.geometry import PixelBounds
 from ...types import EngineChunk, EngineRequest
+from .. import grammar
 from ..base import Engine, EngineInfo
 from ..registry import ALL_TASKS
 from .batch import RunningBatch
@@ -91,6 +92,7 @@ class TransformersEngine(Engine):
             tasks=ALL_TASKS,
             follows_prompts=True,
             max_images=max_images,
+            structured=grammar.available(),
             details={"path": model, "revision": revision or "main", "subfolder": subfolder or "",
                      "batching": f"continuous, up to {max_batch_size} rows"},
         )
@@ -104,6 +106,7 @@ class TransformersEngine(Engine):
         self.times = StepTimes()
         self.model: Any = None
         self.processor: Any = None
+        self.grammars: grammar.Grammars | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TransformersEngine:
@@ -168,6 +171,9 @@ class TransformersEngine(Engine):
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         text_config = getattr(self.model.config, "text_config", self.model.config)
         self.max_model_len = self.max_model_len or getattr(text_config, "max_position_embeddings", None)
+        if self.info.structured:
+            self.grammars = grammar.Grammars(self.processor.tokenizer, text_config.vocab_size,
+                                             stop_token_ids=self.eos_ids)
         self._loaded = True
 
     async def stop(self) -> None:
@@ -200,6 +206,8 @@ class TransformersEngine(Engine):
                 f"the prompt is {prompt.length} tokens; this model's context is {self.max_model_len}", param="messages"
             )
         job = Job(request, prompt, loop, asyncio.Queue())
+        if request.sampling.structured is not None and self.grammars is not None:
+            job.matcher = await asyncio.to_thread(self.grammars.matcher, request.sampling.structured)
         self._jobs.put(job)
         finished = False
         try:

@@ -25,6 +25,7 @@ class Job:
     out: asyncio.Queue
     cancelled: threading.Event = field(default_factory=threading.Event)
     waited_steps: int = 0  # decode steps it has waited to join the running batch
+    matcher: Any = None  # xgrammar's GrammarMatcher when the output is constrained (engines/grammar.py)
     sampling: SamplingParams = field(init=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +78,7 @@ class Row:
         self.done = False
         self.greedy = not s.temperature
         self.penalty = s.repetition_penalty if s.repetition_penalty and s.repetition_penalty != 1.0 else None
+        self.matcher = job.matcher
         self.generator = None
         if not self.greedy and s.seed is not None:
             self.generator = torch.Generator(device=device).manual_seed(s.seed)
@@ -92,6 +94,9 @@ class Row:
             return True
         self.count += 1
         self.decoder.add(token)
+        if self.matcher is not None and not self.matcher.accept_token(token):  # the mask allowed only these
+            self.finish(FinishReason.STOP)
+            return True
         if self.count >= self.max_tokens:
             self.finish(FinishReason.LENGTH)
             return True
@@ -128,11 +133,26 @@ def choose_tokens(logits: Any, rows: list[Row], eos: Any = None, seen: Any = Non
             logits[:, eos] = logits[:, eos].masked_fill(block[:, None], float("-inf"))
     if seen is not None:  # HF's RepetitionPenaltyLogitsProcessor, every row at once
         logits = torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+    _constrain(logits, rows)
     tokens = logits.argmax(dim=-1).tolist()
     for i, row in enumerate(rows):
         if not row.greedy:
             tokens[i] = _sample(logits[i], row.job.sampling, row.generator)
     return tokens
+
+
+def _constrain(logits: Any, rows: list[Row]) -> None:
+    """Mask, in place, every token a constrained row's grammar does not allow next (one bitmask for the
+    batch, filled on the CPU row by row, applied on the device in one call)."""
+    constrained = [i for i, row in enumerate(rows) if row.matcher is not None]
+    if not constrained:
+        return
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(len(rows), logits.shape[-1])
+    for i in constrained:
+        rows[i].matcher.fill_next_token_bitmask(bitmask, i)
+    xgr.apply_token_bitmask_inplace(logits, _on_device(bitmask, logits.device), indices=constrained)
 
 
 def _on_device(values: Any, device: Any) -> Any:

@@ -105,15 +105,27 @@ def unfinished_requests(engine: Any) -> int:
 # ------------------------------------------------------------------ several API processes, one engine core
 
 
+def async_engine_args(kwargs: dict[str, Any]) -> Any:
+    """``AsyncEngineArgs(**kwargs)``, with the config sections that 0.26 and 0.32 take only as config
+    objects (not dicts, unlike compilation_config) built from hyocr's JSON-friendly dicts."""
+    from vllm import AsyncEngineArgs
+
+    kwargs = dict(kwargs)
+    if isinstance(kwargs.get("structured_outputs_config"), dict):
+        from vllm.config import StructuredOutputsConfig
+
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
+    return AsyncEngineArgs(**kwargs)
+
+
 def api_process_engine_config(kwargs: dict[str, Any], count: int, rank: int) -> Any:
     """vLLM's config for ``count`` API processes as seen from process ``rank`` (-1: the launcher). Sets
     ``AsyncEngineArgs._api_process_count/_api_process_rank`` as ``vllm serve --api-server-count`` does
     (0.26, 0.32). If they move, every front end believes it is the only one: the core's handshake
     waits for clients that never come (the start times out)."""
-    from vllm import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
 
-    args = AsyncEngineArgs(**kwargs)
+    args = async_engine_args(kwargs)
     args._api_process_count, args._api_process_rank = count, rank
     return args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
 

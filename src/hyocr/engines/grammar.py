@@ -1,0 +1,89 @@
+"""Output constraints compiled to token grammars with xgrammar, once per constraint.
+
+The transformers engine decodes with the compiled grammar (a matcher per row masks each step's logits). The
+vLLM engine compiles the same grammar before submitting, although vLLM compiles its own: a constraint that
+xgrammar cannot compile is then the client's 400 before it reaches the engine core, and the compile time of
+every new schema is measured here (``hyocr_grammar_compile_seconds``) where vLLM reports none. Compiled
+grammars are kept in an LRU cache keyed by the constraint (schemas are canonical JSON text), so an invoice
+schema sent with every page compiles once. The bounds that keep a compile short are pipeline/structured.py's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from ..errors import InvalidRequest
+from ..observability.logs import record
+from ..types import StructuredOutput
+
+CACHE_SIZE = 64  # compiled grammars kept (a few MB each for a 120k-token vocabulary)
+
+
+def available() -> bool:
+    return importlib.util.find_spec("xgrammar") is not None
+
+
+class Grammars:
+    """Compiled grammars for one tokenizer. ``compile`` blocks (run it off the event loop); thread-safe."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, *, stop_token_ids: set[int] | None = None,
+                 threads: int = 2) -> None:
+        import xgrammar as xgr
+
+        self.vocab_size = vocab_size
+        # The model's own end tokens end a complete value (HunyuanOCR has two; the tokenizer names one)
+        stops = {"stop_token_ids": sorted(stop_token_ids)} if stop_token_ids else {}
+        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, **stops)
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=threads, cache_enabled=False)
+        self._cache: OrderedDict[StructuredOutput, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compiled = 0  # grammars compiled (cache misses)
+
+    def compile(self, constraint: StructuredOutput) -> Any:
+        """The compiled grammar of ``constraint`` (cached); a constraint xgrammar refuses is a 400."""
+        with self._lock:
+            if constraint in self._cache:
+                self._cache.move_to_end(constraint)
+                record(grammar_cache="hit")
+                return self._cache[constraint]
+        started = time.perf_counter()
+        try:
+            compiled = self._compile(constraint)
+        except (RuntimeError, ValueError) as exc:  # xgrammar's refusal of a schema it cannot express
+            raise InvalidRequest(f"the schema cannot be compiled to a grammar: {str(exc)[:300]}",
+                                 param="schema", code="invalid_schema") from None
+        seconds = time.perf_counter() - started
+        record(grammar_cache="miss", grammar_compile_ms=round(seconds * 1000, 2))
+        with self._lock:
+            self.compiled += 1
+            self._cache[constraint] = compiled
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _compile(self, constraint: StructuredOutput) -> Any:
+        import xgrammar as xgr
+
+        # Compact JSON, as vLLM's disable_any_whitespace: no whitespace between tokens to loop in.
+        if constraint.json_schema is not None:
+            return self.compiler.compile_json_schema(constraint.json_schema, any_whitespace=False,
+                                                     separators=(",", ":"))
+        if constraint.json_object:
+            return self.compiler.compile_json_schema('{"type": "object"}', any_whitespace=False,
+                                                     separators=(",", ":"))
+        choices = " | ".join(_ebnf_string(c) for c in constraint.choice)
+        return self.compiler.compile_grammar(xgr.Grammar.from_ebnf(f"root ::= {choices}"))
+
+    def matcher(self, constraint: StructuredOutput) -> Any:
+        import xgrammar as xgr
+
+        return xgr.GrammarMatcher(self.compile(constraint))
+
+
+def _ebnf_string(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return f'"{escaped}"'
