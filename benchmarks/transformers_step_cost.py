@@ -58,7 +58,7 @@ def main() -> int:
         eos = set([model.generation_config.eos_token_id] if isinstance(model.generation_config.eos_token_id, int)
                   else model.generation_config.eos_token_id or [])
 
-        def prompts(n: int, mixed: bool) -> list:
+        def prompts(n: int, mixed: bool, model=model) -> list:
             out = []
             for i in range(n):
                 image = workload.image(i)

@@ -6,7 +6,16 @@ from __future__ import annotations
 from dataclasses import asdict, fields, replace
 from typing import Any
 
-from ..types import FinishReason, OcrCall, PageResult, SamplingParams, StructuredOutput, Task, TextBlock, Usage
+from ..types import (
+    FinishReason,
+    OcrCall,
+    PageResult,
+    SamplingParams,
+    StructuredOutput,
+    Task,
+    TextBlock,
+    Usage,
+)
 
 _CALL_FIELDS = tuple(f.name for f in fields(OcrCall) if f.name != "media")
 

@@ -10,7 +10,8 @@ from ..hunyuan import extraction
 from ..hunyuan.markdown import markdown_from_document
 from ..hunyuan.spotting import parse_spotting
 from ..types import FinishReason, PageImage, PageResult, StructuredOutput, Task, TextBlock, Usage
-from . import postprocess, structured as constraints
+from . import postprocess
+from . import structured as constraints
 
 TRIM_MIN_CHARS = 2000  # HunyuanOCR 1.5's threshold (1.0 used 8000)
 

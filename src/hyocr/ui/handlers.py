@@ -37,7 +37,7 @@ def wire_quick_events(w: Widgets, service: OcrService, base_url: str) -> None:
     def on_page(snapshot: dict | None, index: int | None) -> dict:
         return show_page(w, snapshot, index)
 
-    w.task.change(on_task, w.task, [w.note, w.snippet, w.fields, w.language, w.question],
+    w.task.change(on_task, w.task, [w.note, w.snippet, w.fields, w.schema, w.language, w.question],
                   api_visibility="private", concurrency_limit=None)
     w.files.change(on_upload, w.files, [w.image, w.pages, w.status], api_visibility="private",
                    concurrency_limit=CONCURRENCY)
@@ -51,6 +51,7 @@ def task_options(w: Widgets, info: EngineInfo, chosen: Task, base_url: str) -> d
         w.note: display.task_note(chosen, info),
         w.snippet: display.api_snippet(chosen, base_url),
         w.fields: gr.Textbox(visible=chosen is Task.EXTRACT),
+        w.schema: gr.Textbox(visible=chosen is Task.EXTRACT and info.structured),
         w.language: gr.Radio(visible=chosen is Task.TRANSLATE),
         w.question: gr.Textbox(visible=chosen is Task.VQA),
     }

@@ -42,6 +42,7 @@ class Widgets:
     model: gr.Dropdown
     note: gr.Markdown
     fields: gr.Textbox
+    schema: gr.Textbox
     language: gr.Radio
     question: gr.Textbox
     max_tokens: gr.Slider
@@ -63,8 +64,8 @@ class Widgets:
     @property
     def run_inputs(self) -> list[Any]:
         """What Run reads, in the order of ``Reading.run``'s parameters."""
-        return [self.files, self.task, self.fields, self.language, self.question, self.max_tokens, self.model,
-                self.pages]
+        return [self.files, self.task, self.fields, self.schema, self.language, self.question, self.max_tokens,
+                self.model, self.pages]
 
     @property
     def view(self) -> list[Any]:
@@ -103,6 +104,11 @@ def _input_column(info: EngineInfo, settings: Settings, max_pages: int, examples
     # The task's own options, shown by the task selector (ui/handlers.py) when that task is chosen.
     fields = gr.Textbox(label="Fields to extract", placeholder="name, ID number, date of birth",
                         info="Comma-separated", visible=False)
+    # Shown for extraction on an engine that constrains its output (handlers.py)
+    schema = gr.Textbox(label="JSON Schema (optional, instead of fields)", lines=4, max_lines=16, visible=False,
+                        placeholder='{"type": "object", "properties": {"name": {"type": "string"}}}',
+                        info="The output is constrained to it and validated; its properties are the fields",
+                        elem_id="hy-schema")
     language = gr.Radio([("English", "en"), ("Chinese 中文", "zh")], value="en", label="Translate into",
                         visible=False)
     question = gr.Textbox(label="Question", placeholder="What is the total amount?", visible=False)
@@ -118,7 +124,7 @@ def _input_column(info: EngineInfo, settings: Settings, max_pages: int, examples
     with gr.Accordion("The same request with the API", open=False):
         snippet = gr.Markdown(display.api_snippet(Task.SPOTTING, base_url))
     return {"files": files, "pages": pages, "task": task, "model": model, "note": note, "fields": fields,
-            "language": language, "question": question, "max_tokens": max_tokens, "run": run, "stop": stop,
+            "schema": schema, "language": language, "question": question, "max_tokens": max_tokens, "run": run, "stop": stop,
             "download": download, "snippet": snippet}
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..api.bodies import ocr_body
 from ..errors import HyocrError
+from ..pipeline import structured
 from ..pipeline.media import is_pdf
 from ..pipeline.service import OcrService
 from ..types import MediaInput, OcrCall, SamplingParams, Task
@@ -49,8 +50,8 @@ class Reading:
         if request.session_hash in self.stops:
             self.stops[request.session_hash].set()
 
-    async def run(self, paths, task_value, fields_text, target, question_text, limit, model_name, pages_text,
-                  request: gr.Request):
+    async def run(self, paths, task_value, fields_text, schema_text, target, question_text, limit, model_name,
+                  pages_text, request: gr.Request):
         w = self.w
         if not paths:
             yield {w.status: display.status_html("Upload an image first, or pick an example below.", "error")}
@@ -62,8 +63,12 @@ class Reading:
         except FileNotFoundError:
             yield {w.status: display.status_html(GONE, "error")}
             return
-        call = self._call(media, chosen, fields_text, target, question_text, limit, model_name,
-                          pages_text)
+        try:
+            call = self._call(media, chosen, fields_text, schema_text, target, question_text, limit, model_name,
+                              pages_text)
+        except HyocrError as exc:  # a schema the API would refuse: the same message
+            yield {w.status: display.status_html(exc.message, "error")}
+            return
         yield self._cleared()
         shown, last = -1, None
         stop_signal = self.stops[request.session_hash] = asyncio.Event()
@@ -91,18 +96,23 @@ class Reading:
         yield update
         saved.unlink(missing_ok=True)  # Gradio has copied it into its own cache by now
 
-    def _call(self, media: tuple[MediaInput, ...], chosen: Task, fields_text, target, question_text, limit,
-              model_name, pages_text) -> OcrCall:
-        """The form as the API's request: only the chosen task's options, the token cap within the limit."""
+    def _call(self, media: tuple[MediaInput, ...], chosen: Task, fields_text, schema_text, target, question_text,
+              limit, model_name, pages_text) -> OcrCall:
+        """The form as the API's request: only the chosen task's options, the token cap within the limit; a
+        schema (extraction) checked as /v1/ocr checks it, its properties the fields."""
         document = len(media) == 1 and is_pdf(media[0].data)
         fields = tuple(f.strip() for f in (fields_text or "").replace("\n", ",").split(",") if f.strip())
         max_tokens = max(1, min(int(limit), self.settings.max_tokens_limit)) if self.info.follows_prompts else None
+        constraint = None
+        if chosen is Task.EXTRACT and (schema_text or "").strip():
+            constraint = structured.from_schema(schema_text.strip())
+            fields = structured.extraction_keys(constraint)
         return OcrCall(
             media=media, task=chosen,
             fields=fields if chosen is Task.EXTRACT else (),
             target_language=target or "en",
             question=question_text if chosen is Task.VQA else None,
-            sampling=SamplingParams(max_tokens=max_tokens),
+            sampling=SamplingParams(max_tokens=max_tokens, structured=constraint),
             model=model_name,
             accept_pdf=True,
             pages=(pages_text or "").strip() or None if document else None,

@@ -26,7 +26,15 @@ from ...config import SettingsError
 from ...errors import InvalidRequest, ServiceUnavailable, engine_failure
 from ...hunyuan.chat import IMAGE_PLACEHOLDER, sampling_kwargs
 from ...hunyuan.geometry import PixelBounds, fit_image
-from ...types import EngineChunk, EngineRequest, FinishReason, PageImage, SamplingParams, StructuredOutput, Task
+from ...types import (
+    EngineChunk,
+    EngineRequest,
+    FinishReason,
+    PageImage,
+    SamplingParams,
+    StructuredOutput,
+    Task,
+)
 from ..base import EngineInfo, SharedEngine
 from ..registry import ALL_TASKS
 from . import compat
