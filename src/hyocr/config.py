@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     # --- HunyuanOCR model engines (vllm, transformers) ---
     revision: str | None = Field(None, description="hub revision (branch, tag or commit)")
     subfolder: str | None = Field(None, description="checkpoint folder in the repo: v1.0 for HunyuanOCR 1.0")
+    model_version: Literal["auto", "1.0", "1.5"] = Field(
+        "auto", description="HunyuanOCR version (repetition rules): auto from the checkpoint's context and image size")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     device: str = Field("auto", description="transformers engine: auto | cpu | cuda | cuda:N")
     trust_remote_code: bool = False

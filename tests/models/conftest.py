@@ -88,3 +88,32 @@ def vllm_server(tiny_checkpoint, lora_adapter) -> Iterator[LiveServer]:
 @pytest.fixture(params=["transformers", "vllm"])
 def model_server(request) -> LiveServer:
     return request.getfixturevalue("hf_server" if request.param == "transformers" else "vllm_server")
+
+
+# HunyuanOCR 1.5's layout (nested config, 131072-token context, processor settings in processor_config.json),
+# with a generation_config.json repetition penalty strong enough to change the tiny model's greedy output
+# (1.5's own 1.08 does not move random weights): the test that the checkpoint's defaults reach the engine.
+V15_PENALTY = 2.0
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_15(tmp_path_factory) -> Path:
+    from tiny_hunyuan import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-hunyuanocr-15") / "HunyuanOCR", version="1.5",
+                                 repetition_penalty=V15_PENALTY)
+
+
+@pytest.fixture(scope="module", params=["transformers", "vllm"])
+def server_15(request, tiny_checkpoint_15) -> Iterator[LiveServer]:
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    if request.param == "vllm":
+        _cpu_vllm_environment()
+        extra = {"dtype": "bfloat16", "trust_remote_code": True}
+    else:
+        extra = {"batch_wait_ms": 30}
+    settings = load_settings(engine=request.param, model=str(tiny_checkpoint_15), served_model_name="hunyuanocr-15",
+                             max_num_seqs=4, max_model_len=8192, **extra)
+    server = LiveServer(settings).start(timeout=300)
+    yield server
+    server.stop()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from PIL import Image
 
-from hyocr.pipeline.pages import TRIM_MIN_CHARS, build_page, cut_loops
+from hyocr.hunyuan import versions
+from hyocr.pipeline.pages import build_page, cut_loops
 from hyocr.types import FinishReason, PageImage, Task, TextBlock, Usage
 
 PAGE = PageImage(Image.new("RGB", (2000, 1000), "white"))
@@ -48,11 +49,20 @@ def test_document_markdown_fence_is_removed():
 
 def test_long_looping_output_is_trimmed_and_flagged():
     raw = "Invoice 42\n" + "重复的句子。" * 600
-    assert len(raw) >= TRIM_MIN_CHARS
+    assert len(raw) >= versions.V1_5.trim_min_chars
     page = _page(Task.TEXT, raw)
     assert page.finish_reason is FinishReason.REPETITION
     assert page.text == "Invoice 42\n重复的句子。"
     assert page.raw_text == raw
+
+
+def test_the_clean_up_follows_the_model_version():
+    """The authors' clean-up: 1.0 checks outputs of 8000 characters and more, 1.5 of 2000 and more."""
+    raw = "Invoice 42\n" + "重复的句子。" * 600  # 3611 characters
+    assert cut_loops(raw, FinishReason.STOP, True, versions.V1_5)[1] is FinishReason.REPETITION
+    assert cut_loops(raw, FinishReason.STOP, True, versions.V1_0) == (raw, FinishReason.STOP)
+    longer = raw + "重复的句子。" * 800
+    assert cut_loops(longer, FinishReason.STOP, True, versions.V1_0) == ("Invoice 42\n重复的句子。", FinishReason.REPETITION)
 
 
 def test_short_runs_are_never_cut_and_detector_text_is_never_touched():

@@ -25,6 +25,8 @@ class EngineInfo:
     max_images: int = 1  # images per engine request
     adapters: tuple[str, ...] = ()  # LoRA adapters a request can select by model name
     structured: bool = False  # decodes under an output constraint (SamplingParams.structured)
+    version: str = ""  # HunyuanOCR 1.0 | 1.5 (hunyuan/versions.py): the repetition rules follow it
+    defaults: dict[str, float] = field(default_factory=dict)  # the checkpoint's decoding defaults
     details: dict[str, str] = field(default_factory=dict)  # revision, model path, versions
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+from ..hunyuan import versions
 from ..observability.logs import record
 from ..types import ChatDone, ChatText, EngineChunk, FinishReason, Prepared, Usage
 from .engine_run import EngineRun
@@ -33,7 +34,8 @@ async def chat_text(run: EngineRun, prep: Prepared, *, whole: bool) -> AsyncIter
     finish = final.finish_reason or FinishReason.STOP
     text = ""
     if whole:
-        text, finish = cut_loops("".join(parts), finish, run.engine.info.follows_prompts)
+        text, finish = cut_loops("".join(parts), finish, run.engine.info.follows_prompts,
+                                 versions.of(run.engine.info.version))
     record(prompt_tokens=final.prompt_tokens, output_tokens=final.completion_tokens, finish_reason=finish.value,
            repetition_stops=int(finish is FinishReason.REPETITION))
     yield ChatDone(finish, final.prompt_tokens, final.completion_tokens, text)

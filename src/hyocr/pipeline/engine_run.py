@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from ..engines.base import Engine
+from ..hunyuan import versions
 from ..observability.logs import record_first
 from ..types import EngineChunk, EngineRequest, FinishReason, PageImage, Prepared, SamplingParams
 from . import postprocess
@@ -27,9 +28,12 @@ class EngineRun:
         self.default_max_tokens = default_max_tokens
 
     def sampling(self, sampling: SamplingParams) -> SamplingParams:
+        """The request's sampling with what it leaves open filled in: hyocr's max_tokens, then the
+        checkpoint's decoding defaults (generation_config.json), as vLLM's own server applies them."""
+        filled = {key: value for key, value in self.engine.info.defaults.items() if getattr(sampling, key) is None}
         if sampling.max_tokens is None:
-            return replace(sampling, max_tokens=self.default_max_tokens)
-        return sampling
+            filled["max_tokens"] = self.default_max_tokens
+        return replace(sampling, **filled) if filled else sampling
 
     def request(self, prep: Prepared, images: tuple[PageImage, ...], suffix: str = "") -> EngineRequest:
         call = prep.call
@@ -48,7 +52,9 @@ class EngineRun:
         """The engine's stream for ``request`` under the loop guard (a repeating tail ends it with
         ``repetition``) and the progress board (a stall fails it with a retryable 503)."""
         wanted = self.loop_guard if request.sampling.loop_guard is None else request.sampling.loop_guard
-        guard = postprocess.LoopGuard() if wanted and self.engine.info.follows_prompts else None
+        rules = versions.of(self.engine.info.version)
+        guard = (postprocess.LoopGuard(min_repeats=rules.guard_min_repeats, max_unit=rules.guard_max_unit)
+                 if wanted and self.engine.info.follows_prompts else None)
         started = time.perf_counter()
         watch = self.progress.enter(request.request_id, self.engine.expected_seconds(request))
         stream = self.engine.generate(request)

@@ -6,28 +6,28 @@ every path turns the same output into the same page.
 
 from __future__ import annotations
 
-from ..hunyuan import extraction
+from ..hunyuan import extraction, versions
 from ..hunyuan.markdown import markdown_from_document
 from ..hunyuan.spotting import parse_spotting
 from ..types import FinishReason, PageImage, PageResult, StructuredOutput, Task, TextBlock, Usage
 from . import postprocess
 from . import structured as constraints
 
-TRIM_MIN_CHARS = 2000  # HunyuanOCR 1.5's threshold (1.0 used 8000)
 
-
-def cut_loops(text: str, finish: FinishReason, generated: bool) -> tuple[str, FinishReason]:
+def cut_loops(text: str, finish: FinishReason, generated: bool,
+              rules: versions.ModelVersion = versions.V1_5) -> tuple[str, FinishReason]:
     """Cut a looping tail off generated text, and say so in the finish reason.
 
     When the loop guard stopped the stream, the tail is cut by the guard's own rule. Otherwise the
-    authors' clean-up applies: only long outputs are checked, so short legitimate runs ("-----",
-    "0000000000" in forms) are never cut. Text read by a detector (rapidocr) is never touched.
+    authors' clean-up of the model's version applies: only long outputs are checked (1.0: 8000 characters,
+    1.5: 2000), so short legitimate runs ("-----", "0000000000" in forms) are never cut. Text read by a detector (rapidocr) is never touched.
     """
     if not generated:
         return text, finish
     if finish is FinishReason.REPETITION:
         return postprocess.trim_repetition(text, min_span=postprocess.LOOP_MIN_SPAN)[0], finish
-    cut, trimmed = postprocess.trim_repetition(text, min_length=TRIM_MIN_CHARS)
+    cut, trimmed = postprocess.trim_repetition(text, min_length=rules.trim_min_chars,
+                                               min_repeats=rules.trim_min_repeats)
     return cut, (FinishReason.REPETITION if trimmed and finish is FinishReason.STOP else finish)
 
 
@@ -43,13 +43,14 @@ def build_page(
     trim_loops: bool = True,
     single_key: bool = False,
     structured: StructuredOutput | None = None,
+    rules: versions.ModelVersion = versions.V1_5,
 ) -> PageResult:
     """Raw engine output -> a structured page (pure; the post-processing rules live here).
 
     ``trim_loops``: whether the text was generated (and so may loop); see ``cut_loops``. ``structured``: the
     schema an extraction was decoded under: its fields are the whole validated object, or the page says why not.
     """
-    text, finish = cut_loops(raw, finish, trim_loops)
+    text, finish = cut_loops(raw, finish, trim_loops, rules)
     markdown = values = error = None
     if task is Task.SPOTTING:
         if not blocks:

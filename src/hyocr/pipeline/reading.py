@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator
 
 from ..errors import HyocrError
+from ..hunyuan import versions
 from ..observability.logs import record
 from ..observability.tracing import span
 from ..types import (
@@ -155,5 +156,6 @@ def _built(run: EngineRun, prep: Prepared, page: PageImage, text: str, blocks: t
             Usage(last.prompt_tokens, last.completion_tokens), prep.call.fields,
             trim_loops=run.engine.info.follows_prompts, single_key=prep.call.single_key,
             structured=prep.call.sampling.structured if prep.task is Task.EXTRACT else None,
+            rules=versions.of(run.engine.info.version),
         ).read_from(page)
     return result, (time.perf_counter() - t0) * 1000

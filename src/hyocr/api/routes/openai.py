@@ -144,6 +144,9 @@ async def models(request: Request) -> dict:
                     "engine": info.name,
                     "tasks": sorted(t.value for t in info.tasks),
                     "follows_prompts": info.follows_prompts,
+                    "structured_outputs": info.structured,
+                    # what a request that leaves them open decodes with (the checkpoint's generation_config)
+                    "generation_defaults": info.defaults,
                     **info.details,
                 },
             },

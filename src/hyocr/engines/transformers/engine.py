@@ -17,11 +17,12 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ...config import SettingsError
 from ...errors import InvalidRequest, ServiceUnavailable, engine_failure
+from ...hunyuan import versions
 from ...hunyuan.geometry import PixelBounds
 from ...types import EngineChunk, EngineRequest
 from .. import grammar
@@ -73,8 +74,10 @@ class TransformersEngine(Engine):
         served_model_name: str | None = None,
         max_images: int = 8,
         bounds: PixelBounds = PixelBounds(),
+        model_version: str = "auto",
     ) -> None:
         self.model_id = model
+        self.model_version = model_version
         self.revision = revision
         self.subfolder = subfolder
         self.dtype_name = dtype
@@ -127,6 +130,7 @@ class TransformersEngine(Engine):
             served_model_name=settings.served_model_name,
             max_images=settings.max_images_per_request,
             bounds=PixelBounds(settings.min_pixels, settings.max_pixels),
+            model_version=settings.model_version,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -171,10 +175,26 @@ class TransformersEngine(Engine):
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         text_config = getattr(self.model.config, "text_config", self.model.config)
         self.max_model_len = self.max_model_len or getattr(text_config, "max_position_embeddings", None)
+        self._apply_checkpoint()
         if self.info.structured:
             self.grammars = grammar.Grammars(self.processor.tokenizer, text_config.vocab_size,
                                              stop_token_ids=self.eos_ids)
         self._loaded = True
+
+    def _apply_checkpoint(self) -> None:
+        """The loaded checkpoint's version, decoding defaults and image bounds (hunyuan/versions.py)."""
+        image = getattr(self.processor, "image_processor", None)
+        processor = {"min_pixels": getattr(image, "min_pixels", None), "max_pixels": getattr(image, "max_pixels", None)}
+        facts = versions.CheckpointFacts(
+            version=versions.detect(self.model.config.to_dict(), processor, self.model_version),
+            context=self.max_model_len,
+            min_pixels=processor["min_pixels"], max_pixels=processor["max_pixels"],
+            defaults=versions.generation_defaults(self.model.generation_config.to_diff_dict()),
+        )
+        low, high = versions.checkpoint_bounds(facts, self.bounds.min_pixels, self.bounds.max_pixels)
+        self.bounds = PixelBounds(low, high)
+        self.info = replace(self.info, version=facts.version.name, defaults=facts.defaults,
+                            details={**self.info.details, "model_version": facts.version.name})
 
     async def stop(self) -> None:
         if self._thread is not None:

@@ -19,11 +19,13 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...config import SettingsError
 from ...errors import InvalidRequest, ServiceUnavailable, engine_failure
+from ...hunyuan import versions
 from ...hunyuan.chat import IMAGE_PLACEHOLDER, sampling_kwargs
 from ...hunyuan.geometry import PixelBounds, fit_image
 from ...types import (
@@ -44,6 +46,7 @@ from .tuning import (
     VISION_ENCODER_ENV,
     device_memory_bytes,
     expected_tokens_of,
+    page_expected_tokens,
     preprocess_workers,
     size_engine,
 )
@@ -63,8 +66,11 @@ class VllmEngine(SharedEngine):
                  max_images: int = 8, bounds: PixelBounds = PixelBounds(),
                  revision: str | None = None, subfolder: str | None = None,
                  lora_modules: dict[str, str] | None = None, expected_tokens: int = 0,
-                 preprocess_processes: int = 0, vision_encoder: str = "vllm", fast_pixels: bool = True) -> None:
+                 preprocess_processes: int = 0, vision_encoder: str = "vllm", fast_pixels: bool = True,
+                 model_version: str = "auto", expected_tokens_set: bool = True) -> None:
         self.engine_args = engine_args
+        self.model_version = model_version
+        self.expected_tokens_set = expected_tokens_set  # False: a page's at the bounds (recomputed once known)
         self.vision_encoder = vision_encoder
         self.fast_pixels = fast_pixels
         self.expected_tokens = expected_tokens
@@ -112,6 +118,8 @@ class VllmEngine(SharedEngine):
                                   if settings.preprocess == "processes" else 0),
             vision_encoder=settings.vision_encoder,
             fast_pixels=settings.fast_pixels,
+            model_version=settings.model_version,
+            expected_tokens_set=settings.expected_tokens is not None,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -138,6 +146,9 @@ class VllmEngine(SharedEngine):
             if resolved != self.engine_args["model"]:  # a local folder now: the revision was applied
                 self.engine_args.update(model=resolved, tokenizer=resolved)
                 self.engine_args.pop("revision", None)
+            self.apply_checkpoint(self.engine_args["model"])
+            if not self.expected_tokens_set:
+                self.expected_tokens = page_expected_tokens(self.bounds.min_pixels, self.bounds.max_pixels)
             self.engine_args = size_engine(self.engine_args, expected_tokens=self.expected_tokens,
                                            device_bytes=device_memory_bytes())
             # hyocr's worker extension (vision.py) is imported in the engine process before
@@ -147,6 +158,19 @@ class VllmEngine(SharedEngine):
         os.environ[VISION_ENCODER_ENV] = self.vision_encoder
         return supported_args(self.engine_args)
 
+    def apply_checkpoint(self, folder: str) -> None:
+        """The checkpoint's version, decoding defaults and image bounds (hunyuan/versions.py), once its
+        folder is local."""
+        if not Path(folder).is_dir():
+            return
+        facts = versions.read_checkpoint(folder, self.model_version)
+        low, high = versions.checkpoint_bounds(facts, self.bounds.min_pixels, self.bounds.max_pixels)
+        if (low, high) != (self.bounds.min_pixels, self.bounds.max_pixels):
+            log.info("page bounds %d..%d pixels: within the checkpoint's processor's", low, high)
+            self.bounds = PixelBounds(low, high)
+        self.info = replace(self.info, version=facts.version.name, defaults=facts.defaults,
+                            details={**self.info.details, "model_version": facts.version.name})
+
     async def start(self) -> None:
         from vllm import __version__
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -155,6 +179,7 @@ class VllmEngine(SharedEngine):
         apply_version_workarounds(__version__)
         self.backend = hunyuan_backend()
         kwargs = await asyncio.to_thread(self.prepare_args)
+        self.apply_checkpoint(kwargs["model"])  # again in a process that was handed the prepared arguments
         # Building the engine blocks for tens of seconds (processes, weights, compilation): off the event
         # loop, so a restart by the supervisor leaves /health, /ready and shedding responsive.
         if self.shared_core is not None:  # one of several API processes: connect to the parent's engine
