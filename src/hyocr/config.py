@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     )
     vllm_args: str | None = Field(None, description='vLLM: more AsyncEngineArgs as a JSON object, e.g. '
                                   '\'{"async_scheduling": false}\' (applied last)')
+    speculative_config: str | None = Field(
+        None, description='vLLM: speculative decoding as a JSON object, e.g. HunyuanOCR 1.5\'s DFlash draft: '
+        '\'{"method": "dflash", "model": "/models/HunyuanOCR/dflash", "num_speculative_tokens": 15}\'')
 
     # --- remote upstream (--engine openai) ---
     upstream_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. http://gpu1:8000/v1")
@@ -207,7 +210,7 @@ class Settings(BaseSettings):
             return tuple(s.strip().upper() for s in v.split(",") if s.strip())
         return v
 
-    @field_validator("vllm_args")
+    @field_validator("vllm_args", "speculative_config")
     @classmethod
     def _json_object(cls, v: str | None) -> str | None:
         if v is None:

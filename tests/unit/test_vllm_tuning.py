@@ -112,3 +112,23 @@ def test_a_gpu_too_small_for_the_sized_cache_gets_vllms_fraction_instead(tmp_pat
     assert on_24gb == {**args, "gpu_memory_utilization": 0.9}
     assert "does not fit this GPU" in caplog.text
     assert "kv_cache_memory_bytes" in size_engine(args, expected_tokens=1024, device_bytes=24 * 2**30)  # cards fit
+
+
+def test_structured_outputs_are_compact_and_speculative_decoding_passes_through():
+    import pytest
+
+    from hyocr.config import SettingsError
+    from hyocr.engines.vllm.engine import VllmEngine
+
+    args = vllm_engine_args(load_settings(engine="vllm", model="/m"))
+    assert args["structured_outputs_config"] == {"backend": "xgrammar", "disable_any_whitespace": True}
+    assert "speculative_config" not in args
+    dflash = '{"method": "dflash", "model": "/m/dflash", "num_speculative_tokens": 15}'
+    settings = load_settings(engine="vllm", model="/m", speculative_config=dflash)
+    assert vllm_engine_args(settings)["speculative_config"] == {"method": "dflash", "model": "/m/dflash",
+                                                                "num_speculative_tokens": 15}
+    engine = VllmEngine.from_settings(settings)
+    assert engine.info.details["speculative_decoding"] == "dflash, 15 tokens, draft /m/dflash"
+    assert engine.info.structured
+    with pytest.raises((SettingsError, ValueError)):
+        load_settings(engine="vllm", model="/m", speculative_config="[15]")

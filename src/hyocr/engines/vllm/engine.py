@@ -90,7 +90,8 @@ class VllmEngine(SharedEngine):
             max_images=max_images,
             adapters=tuple(self.lora_modules),
             structured=True,
-            details={"path": engine_args["model"], "revision": revision or "main", "subfolder": subfolder or ""},
+            details={"path": engine_args["model"], "revision": revision or "main", "subfolder": subfolder or "",
+                     **_speculative_details(engine_args.get("speculative_config"))},
         )
         self.engine: Any = None
         self.tokenizer: Any = None
@@ -398,6 +399,16 @@ def resolve_checkpoint(model: str, revision: str | None, subfolder: str | None) 
     return str(Path(root) / subfolder)
 
 
+def _speculative_details(config: dict | None) -> dict[str, str]:
+    """What /v1/models says of speculative decoding: the method, its draft and how many tokens it proposes."""
+    if not config:
+        return {}
+    parts = [str(config.get("method") or "auto"), f"{config.get('num_speculative_tokens', '?')} tokens"]
+    if config.get("model"):
+        parts.append(f"draft {config['model']}")
+    return {"speculative_decoding": ", ".join(parts)}
+
+
 def structured_outputs_params(constraint: StructuredOutput) -> Any:
     """vLLM's StructuredOutputsParams for hyocr's constraint (whitespace and backend are the engine's)."""
     from vllm.sampling_params import StructuredOutputsParams
@@ -440,6 +451,8 @@ def vllm_engine_args(settings: Settings) -> dict[str, Any]:
         args["swap_space"] = settings.swap_space
     if settings.kv_cache_memory_bytes:
         args["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
+    if settings.speculative_config:  # e.g. 1.5's DFlash draft (the authors: 15 tokens); validated by Settings
+        args["speculative_config"] = json.loads(settings.speculative_config)
     if settings.vllm_args:
         args.update(json.loads(settings.vllm_args))  # validated as a JSON object by Settings
     return {k: v for k, v in args.items() if v is not None}
