@@ -17,6 +17,8 @@ class Task(str, enum.Enum):
     """What the user wants from a page. Each task has an official HunyuanOCR prompt (hunyuan.prompts)."""
 
     SPOTTING = "spotting"  # text lines with boxes
+    SPOTTING_JSON = "spotting_json"  # HunyuanOCR 1.5: text lines with boxes, written as a JSON array
+    LAYOUT = "layout"  # HunyuanOCR 1.5: the page's layout regions (category, box, text) in reading order
     TEXT = "text"  # plain text
     DOCUMENT = "document"  # document parsing to markdown (tables as HTML, formulas as LaTeX)
     FORMULA = "formula"
@@ -134,6 +136,7 @@ class TextBlock:
     box: tuple[float, float, float, float] | None = None
     score: float | None = None
     polygon: tuple[tuple[float, float], ...] | None = None  # 4 corners when the engine gives a quad
+    category: str | None = None  # layout: paragraph, table, figure, section_title, header, ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,8 @@ from hyocr.hunyuan.prompts import (
 )
 from hyocr.types import Task
 
-SIMPLE_TASKS = [t for t in Task if t not in (Task.EXTRACT, Task.TRANSLATE, Task.VQA)]
+# 1.0's prompts (both languages); 1.5's Chinese-only task prompts: test_tasks_15.py
+SIMPLE_TASKS = [t for t in Task if t not in (Task.EXTRACT, Task.TRANSLATE, Task.VQA, Task.SPOTTING_JSON, Task.LAYOUT)]
 
 # Copied from docs/HUNYUANOCR.md; the model was trained on these exact strings.
 ZH_DOCUMENT = (

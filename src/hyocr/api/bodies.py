@@ -59,7 +59,8 @@ def _page(page: PageResult) -> Page:
         width=page.width,
         height=page.height,
         text=page.text,
-        blocks=[Block(text=b.text, box=b.box, score=b.score, polygon=b.polygon) for b in page.blocks],
+        blocks=[Block(text=b.text, box=b.box, score=b.score, polygon=b.polygon, category=b.category)
+                for b in page.blocks],
         finish_reason=page.finish_reason.value,
         markdown=page.markdown,
         fields=page.fields,

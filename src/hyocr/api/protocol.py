@@ -231,12 +231,13 @@ class ResultModel(BaseModel):
 
 
 class Block(ResultModel):
-    omit_when_absent = ("polygon",)
+    omit_when_absent = ("polygon", "category")
 
     text: str
     box: list[Number] | None = Field(None, description="[x1, y1, x2, y2] in pixels of the original image")
     score: Number | None = None
     polygon: list[list[Number]] | None = None
+    category: str | None = Field(None, description="task layout: paragraph, table, figure, section_title, ...")
 
 
 class Page(ResultModel):

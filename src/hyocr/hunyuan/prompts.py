@@ -19,9 +19,11 @@ __all__ = [
     "MAX_FIELDS",
     "MAX_FIELD_LENGTH",
     "PROMPTS",
+    "PROMPTS_15",
     "SINGLE_KEY_PROMPTS",
     "TASK_DESCRIPTIONS",
     "TRANSLATION_TARGETS",
+    "V15_TASKS",
     "PromptMatch",
     "build_prompt",
     "build_single_key_prompt",
@@ -83,8 +85,33 @@ PROMPTS: Mapping[Task, Mapping[str, str]] = MappingProxyType(
             "format, and tables should be represented in HTML format.",
         },
         Task.VQA: {"zh": "{question}", "en": "{question}"},
+        # HunyuanOCR 1.5's task-locked prompts (its client, inference/utils/tasks.py): Chinese only, sent as
+        # they are whatever the prompt language.
+        Task.SPOTTING_JSON: dict.fromkeys(("zh", "en"), "检测并识别图中所有的文字行，请按从上到下、从左到右的阅读顺序进行识别。 "
+                                          "输出格式为 JSON 数组，每个元素必须包含："
+                                          '"box": [xmin, ymin, xmax, ymax]（坐标需归一化到 [0, 1000] 范围内）；'
+                                          '"text": "识别出的文字内容"。 '
+                                          "注意：请直接输出 JSON 数组，不要包含任何多余的描述性文字。"),
+        Task.LAYOUT: dict.fromkeys(("zh", "en"), "按照阅读顺序解析图中的版式信息。"),
     }
 )
+
+# The tasks only HunyuanOCR 1.5 was trained on.
+V15_TASKS = frozenset({Task.SPOTTING_JSON, Task.LAYOUT})
+
+# HunyuanOCR 1.5's own wording of 1.0's Chinese prompts (the same instructions, written without spaces; its
+# translation prompts read in reading order and write tables as markdown). Keyed by task, translation by target.
+PROMPTS_15: Mapping[Task, str] = MappingProxyType({
+    Task.DOCUMENT: "提取文档图片中正文的所有信息用markdown格式表示，其中页眉、页脚部分忽略，表格用html格式表达，"
+                   "文档中公式用latex格式表示，按照阅读顺序组织进行解析。",
+    Task.CHART: "解析图中的图表，对于流程图使用Mermaid格式表示，其他图表使用Markdown格式表示。",
+    Task.FORMULA: "识别图片中的公式，用LaTeX格式表示。",
+    Task.TABLE: "把图中的表格解析为HTML。",
+})
+TRANSLATE_15: Mapping[str, str] = MappingProxyType({
+    "en": "按照阅读顺序，提取图中文字，公式用latex格式表示，表格用markdown格式表示，再将文字内容翻译为英文。",
+    "zh": "按照阅读顺序，提取图中文字，公式用latex格式表示，表格用markdown格式表示，再将文字内容翻译为中文。",
+})
 
 # One key, answered as a bare value rather than JSON.
 SINGLE_KEY_PROMPTS: Mapping[str, str] = MappingProxyType(
@@ -107,6 +134,8 @@ TASK_DESCRIPTIONS: dict[Task, str] = {
     Task.SUBTITLES: "Subtitles of a video frame.",
     Task.TRANSLATE: "Text extracted and translated into English or Chinese.",
     Task.VQA: "A free-form question about the image.",
+    Task.SPOTTING_JSON: "Text lines with their bounding boxes, written by the model as JSON (HunyuanOCR 1.5).",
+    Task.LAYOUT: "Layout regions in reading order: category, box and text (HunyuanOCR 1.5).",
 }
 
 _ALIASES: Mapping[str, Task] = MappingProxyType(
@@ -191,10 +220,16 @@ def build_prompt(
     target_language: str = "en",
     question: str | None = None,
     prompt_language: str = "zh",
+    version: str = "1.0",
 ) -> str:
-    """The official prompt for ``task``, verbatim, in ``prompt_language`` (Chinese unless asked otherwise)."""
+    """The official prompt for ``task``, verbatim, in ``prompt_language`` (Chinese unless asked otherwise); a
+    HunyuanOCR 1.5 checkpoint (``version``) gets 1.5's own Chinese wording where it has one."""
     task = parse_task(task) if not isinstance(task, Task) else task
     lang = _language(prompt_language, "prompt_language")
+    if version == "1.5" and lang == "zh" and task in PROMPTS_15:
+        return PROMPTS_15[task]
+    if version == "1.5" and lang == "zh" and task is Task.TRANSLATE:
+        return TRANSLATE_15[_language(target_language, "target_language")]
     template = PROMPTS[task][lang]
     if task is Task.EXTRACT:
         names = _clean_fields(fields)
@@ -234,12 +269,13 @@ def _canon(text: str) -> str:
     return _WS.sub("", text.translate(_CANON_TABLE)).casefold().rstrip(".!")
 
 
-_FIXED: dict[str, tuple[Task, str]] = {
-    _canon(prompt): (task, lang)
-    for task, by_lang in PROMPTS.items()
-    if task not in (Task.EXTRACT, Task.TRANSLATE, Task.VQA)
-    for lang, prompt in by_lang.items()
-}
+_FIXED: dict[str, tuple[Task, str]] = {}
+for _task, _by_lang in PROMPTS.items():
+    if _task not in (Task.EXTRACT, Task.TRANSLATE, Task.VQA):
+        for _lang, _prompt in _by_lang.items():
+            _FIXED.setdefault(_canon(_prompt), (_task, _lang))  # 1.5's Chinese-only prompts: zh
+_FIXED.update({_canon(prompt): (task, "zh") for task, prompt in PROMPTS_15.items()})
+_FIXED_TRANSLATE_15 = {_canon(prompt): target for target, prompt in TRANSLATE_15.items()}
 
 # Regexes stay linear on hostile input: no two adjacent optional whitespace runs, no lazy group
 # followed by a whitespace run (a prompt is user text and can be long).
@@ -329,6 +365,8 @@ def match_prompt(text: str) -> PromptMatch:
     fixed = _FIXED.get(_canon(stripped))
     if fixed is not None:
         return PromptMatch(fixed[0], prompt_language=fixed[1])
+    if _canon(stripped) in _FIXED_TRANSLATE_15:
+        return PromptMatch(Task.TRANSLATE, target_language=_FIXED_TRANSLATE_15[_canon(stripped)], prompt_language="zh")
     for lang, pattern in (("zh", _ZH_EXTRACT), ("en", _EN_EXTRACT)):
         m = pattern.fullmatch(stripped)
         if m:

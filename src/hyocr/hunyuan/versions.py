@@ -41,6 +41,13 @@ V1_5 = ModelVersion("1.5", trim_min_chars=2000, trim_min_repeats=10, guard_min_r
 VERSIONS = {v.name: v for v in (V1_0, V1_5)}
 
 
+def tasks(version: ModelVersion, all_tasks: frozenset) -> frozenset:
+    """The tasks a checkpoint of ``version`` was trained for: 1.0 lacks 1.5's task-locked ones."""
+    from .prompts import V15_TASKS
+
+    return all_tasks if version is V1_5 else all_tasks - V15_TASKS
+
+
 def of(name: str) -> ModelVersion:
     """The rules of a version by name; an engine that names none (rapidocr, an upstream) gets 1.5's, the
     stricter clean-up."""

@@ -66,9 +66,9 @@ def at_position(page: PageResult, position: int, pdf: bool) -> PageResult:
 
 def _block_json(block: TextBlock) -> dict[str, Any]:
     return {"text": block.text, "box": list(block.box) if block.box else None, "score": block.score,
-            "polygon": [list(p) for p in block.polygon] if block.polygon else None}
+            "polygon": [list(p) for p in block.polygon] if block.polygon else None, "category": block.category}
 
 
 def _block(data: dict[str, Any]) -> TextBlock:
     return TextBlock(data["text"], tuple(data["box"]) if data.get("box") else None, data.get("score"),
-                     tuple(tuple(p) for p in data["polygon"]) if data.get("polygon") else None)
+                     tuple(tuple(p) for p in data["polygon"]) if data.get("polygon") else None, data.get("category"))

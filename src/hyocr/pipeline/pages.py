@@ -7,6 +7,7 @@ every path turns the same output into the same page.
 from __future__ import annotations
 
 from ..hunyuan import extraction, versions
+from ..hunyuan.layout import parse_layout
 from ..hunyuan.markdown import markdown_from_document
 from ..hunyuan.spotting import parse_spotting
 from ..types import FinishReason, PageImage, PageResult, StructuredOutput, Task, TextBlock, Usage
@@ -52,10 +53,13 @@ def build_page(
     """
     text, finish = cut_loops(raw, finish, trim_loops, rules)
     markdown = values = error = None
-    if task is Task.SPOTTING:
+    if task in (Task.SPOTTING, Task.SPOTTING_JSON):
         if not blocks:
             blocks = tuple(parse_spotting(text, page.width, page.height))
         text = "\n".join(b.text for b in blocks)
+    elif task is Task.LAYOUT:
+        blocks = tuple(parse_layout(text, page.width, page.height))
+        text = "\n".join(b.text for b in blocks if b.text)
     elif task is Task.DOCUMENT:
         markdown = markdown_from_document(text)
         text = markdown

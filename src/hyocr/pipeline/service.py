@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from ..engines.base import Engine
 from ..engines.registry import engines_for
 from ..errors import GatewayTimeout, InvalidRequest, UnsupportedTask
-from ..hunyuan.prompts import build_prompt
+from ..hunyuan.prompts import V15_TASKS, build_prompt
 from ..observability.logs import record
 from ..types import (
     ChatEvent,
@@ -229,6 +229,9 @@ class OcrService:
         requested = call.task
         if self.engine.supports(requested):
             return requested, requested
+        if call.strict_task and self.engine.info.follows_prompts and requested in V15_TASKS:
+            raise UnsupportedTask(f"task {requested.value!r} is HunyuanOCR 1.5's; this server runs HunyuanOCR "
+                                  f"{self.engine.info.version or '1.0'}", param="task")
         if call.strict_task:
             able = ", ".join(engines_for(requested)) or "none installed"
             raise UnsupportedTask(
@@ -253,6 +256,7 @@ class OcrService:
                 target_language=call.target_language,
                 question=call.question,
                 prompt_language=call.prompt_language or self.prompt_language,
+                version=self.engine.info.version,
             )
         started = time.perf_counter()
         how = PageRequest(call.accept_pdf, call.pages, call.prefer_text_layer and task is Task.TEXT)

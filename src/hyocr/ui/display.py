@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from ..engines.base import EngineInfo
 from ..engines.registry import engines_for
-from ..hunyuan.prompts import TASK_DESCRIPTIONS
+from ..hunyuan.prompts import TASK_DESCRIPTIONS, V15_TASKS
 from ..types import PageResult, Task, TextBlock
 
 PREVIEW_MAX_SIDE = 1600  # pages are shown (and kept per session) at most this large
@@ -30,6 +30,8 @@ TASK_LABELS: dict[Task, str] = {
     Task.CHART: "Chart to Markdown / Mermaid",
     Task.SUBTITLES: "Subtitles of a video frame",
     Task.VQA: "Ask a question",
+    Task.SPOTTING_JSON: "Text spotting, JSON (HunyuanOCR 1.5)",
+    Task.LAYOUT: "Layout regions (HunyuanOCR 1.5)",
 }
 
 # Which result tab a finished task opens on.
@@ -122,10 +124,14 @@ def fields_view(page: PageResult) -> dict | None:
 def task_choices(info: EngineInfo) -> list[tuple[str, str]]:
     """(label, value) for every task; those this engine cannot run say what they need."""
     order = [Task.SPOTTING, Task.TEXT, Task.DOCUMENT, Task.EXTRACT, Task.TRANSLATE, Task.TABLE,
-             Task.FORMULA, Task.CHART, Task.SUBTITLES, Task.VQA]
-    return [
-        (TASK_LABELS[t] + ("" if t in info.tasks else "  (needs HunyuanOCR)"), t.value) for t in order
-    ]
+             Task.FORMULA, Task.CHART, Task.SUBTITLES, Task.VQA, Task.SPOTTING_JSON, Task.LAYOUT]
+    return [(TASK_LABELS[t] + _unavailable(t, info), t.value) for t in order]
+
+
+def _unavailable(task: Task, info: EngineInfo) -> str:
+    if task in info.tasks:
+        return ""
+    return "  (needs a 1.5 checkpoint)" if info.follows_prompts and task in V15_TASKS else "  (needs HunyuanOCR)"
 
 
 def task_note(task: Task, info: EngineInfo) -> str:

@@ -194,6 +194,7 @@ class TransformersEngine(Engine):
         low, high = versions.checkpoint_bounds(facts, self.bounds.min_pixels, self.bounds.max_pixels)
         self.bounds = PixelBounds(low, high)
         self.info = replace(self.info, version=facts.version.name, defaults=facts.defaults,
+                            tasks=versions.tasks(facts.version, ALL_TASKS),
                             details={**self.info.details, "model_version": facts.version.name})
 
     async def stop(self) -> None:

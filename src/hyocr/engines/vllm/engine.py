@@ -170,6 +170,7 @@ class VllmEngine(SharedEngine):
             log.info("page bounds %d..%d pixels: within the checkpoint's processor's", low, high)
             self.bounds = PixelBounds(low, high)
         self.info = replace(self.info, version=facts.version.name, defaults=facts.defaults,
+                            tasks=versions.tasks(facts.version, ALL_TASKS),
                             details={**self.info.details, "model_version": facts.version.name})
 
     async def start(self) -> None:
