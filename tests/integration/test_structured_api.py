@@ -132,3 +132,12 @@ def test_the_openai_engine_forwards_the_constraint(fake_server_factory):
     assert forwarded is not None and json.loads(forwarded.json_schema) == SCHEMA
     assert _chat(front, guided_choice=["yes", "no"]).status_code == 200
     assert upstream_engine.requests[-1].sampling.structured.choice == ("yes", "no")
+
+
+def test_a_constraint_cannot_be_forced_past_its_end(fake):
+    server, _ = fake
+    body = {"image": IMAGE, "task": "extract", "schema": SCHEMA, "ignore_eos": True}
+    assert _error(requests.post(f"{server.url}/v1/ocr", json=body, timeout=30))["param"] == "ignore_eos"
+    assert _error(_chat(server, response_format={"type": "json_object"}, min_tokens=5))["param"] == "min_tokens"
+    # and min_tokens past the (default) max_tokens is a 400, not an engine failure
+    assert _error(_chat(server, min_tokens=100_000))["param"] in ("min_tokens", "max_tokens")

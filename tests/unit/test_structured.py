@@ -54,7 +54,7 @@ def test_a_schema_is_canonical_json_and_its_properties_are_the_fields():
     ({"type": "array", "minItems": -1}, "minItems must be an integer"),
     ({"type": "object", "properties": {f"k{i}": {"type": "string", "minLength": 100 + i} for i in range(9)}},
      "at most 8 distinct string length bounds"),
-    ({"type": "string", "pattern": "^(a{5000})$"}, "repeat at most 1000 times"),
+    ({"type": "string", "pattern": "^(a{5000})$"}, "add up to at most 1000"),
     ({"type": "string", "pattern": "("}, "invalid pattern"),
     ({"$ref": "https://example.com/schema.json"}, "only local $ref"),
     ({"enum": list(range(1001))}, "at most 1000 enum values"),
@@ -114,3 +114,39 @@ def test_a_job_keeps_its_constraint():
         assert restored.sampling == call.sampling and isinstance(restored.sampling.structured, StructuredOutput)
     plain = OcrCall(media=())
     assert call_from_json(json.loads(json.dumps(call_to_json(plain)))).sampling.structured is None
+
+
+@pytest.mark.parametrize(("schema", "fragment"), [
+    ({"$schema": 5, "type": "object"}, "$schema names a JSON Schema draft"),
+    ({"$schema": "http://[x", "type": "object"}, "$schema names a JSON Schema draft"),
+    ('{"type": "string", "enum": ["\\ud800"]}', "not a JSON object"),  # a lone surrogate in JSON text
+    ({"type": "string", "pattern": "^((a{400}){400})$"}, "add up to at most 1000"),
+    ({"type": "string", "pattern": "^a{,100000}$"}, "add up to at most 1000"),
+    ({"$defs": {"a": {"$ref": "#/$defs/missing"}}, "$ref": "#/$defs/a"}, "not a usable JSON Schema"),
+])
+def test_schemas_that_would_trip_the_validator_or_the_compiler_are_400s(schema, fragment):
+    _refused(schema, fragment)
+
+
+def test_nesting_through_any_keyword_is_bounded():
+    deep: dict = {"type": "string"}
+    for _ in range(60):  # contentSchema is not a keyword the walk follows; the JSON depth bound still holds
+        deep = {"contentSchema": deep}
+    _refused(deep, "nests more than 40 levels")
+
+
+def test_a_recursive_schema_is_allowed_and_its_deep_output_never_raises():
+    tree = structured.from_schema({"type": "object", "properties": {"x": {"$ref": "#"}}})
+    value = {}
+    for _ in range(3000):
+        value = {"x": value}
+    text = json.dumps({"x": {"x": {}}})
+    assert structured.parse_output(text, tree) == ({"x": {"x": {}}}, None)
+    assert structured._violation(value, tree) in (None, "the output could not be validated against the schema "
+                                                        "(RecursionError)")
+
+
+def test_a_choice_is_compared_as_written():
+    spaced = structured.from_choice([" a", "b"])
+    assert structured.parse_output(" a", spaced) == (" a", None)
+    assert structured.parse_output("b\n", spaced) == ("b", None)

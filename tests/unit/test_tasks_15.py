@@ -50,3 +50,8 @@ def test_pages_of_the_15_tasks():
     laid = build_page(Task.LAYOUT, page, "Hi<hy-meta><layout>figure</layout><poly>(0,0),(10,10)</poly></hy-meta>", (),
                       FinishReason.STOP, Usage())
     assert laid.text == "Hi" and laid.blocks[0].category == "figure"
+
+
+def test_layout_parsing_of_long_untagged_or_deeply_nested_output_returns():
+    assert [b.text for b in parse_layout("x" * 50_000, 10, 10)] == ["x" * 50_000]
+    assert parse_layout("[" * 100_000, 10, 10)[0].text.startswith("[[[")

@@ -70,6 +70,21 @@ def _structured_outputs(value: dict[str, Any]) -> StructuredOutput:
 
 def structured_from(req: StructuredFields) -> StructuredOutput | None:
     """The request's output constraint, from whichever spelling it used (at most one)."""
+    constraint = _one_constraint(req)
+    if constraint is not None:
+        _no_forced_length(req)
+    return constraint
+
+
+def _no_forced_length(req: SamplingFields) -> None:
+    """A constraint ends where its grammar ends: forcing more tokens (ignore_eos, min_tokens) would leave
+    nothing the grammar allows."""
+    if req.ignore_eos or req.min_tokens:
+        raise InvalidRequest("ignore_eos and min_tokens cannot be combined with an output constraint",
+                             param="ignore_eos" if req.ignore_eos else "min_tokens")
+
+
+def _one_constraint(req: StructuredFields) -> StructuredOutput | None:
     given: list[tuple[str, StructuredOutput | None]] = []
     fmt = req.response_format
     if fmt is not None and fmt.type == "json_object":
@@ -235,6 +250,7 @@ def ocr_call(
         if fields:
             raise InvalidRequest("send fields or a schema, not both (a schema's properties are its fields)",
                                  param="fields")
+        _no_forced_length(req)
         schema = structured.from_schema(req.extraction_schema)
         fields = list(structured.extraction_keys(schema))
         sampling = replace(sampling, structured=schema)

@@ -10,10 +10,13 @@ schema sent with every page compiles once. The bounds that keep a compile short 
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import importlib.util
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..errors import InvalidRequest
@@ -21,6 +24,7 @@ from ..observability.logs import record
 from ..types import StructuredOutput
 
 CACHE_SIZE = 64  # compiled grammars kept (a few MB each for a 120k-token vocabulary)
+COMPILERS = 2  # new constraints compiled at once
 
 
 def available() -> bool:
@@ -41,15 +45,46 @@ class Grammars:
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=threads, cache_enabled=False)
         self._cache: OrderedDict[StructuredOutput, Any] = OrderedDict()
         self._lock = threading.Lock()
+        self._compiling: dict[StructuredOutput, threading.Lock] = {}  # one compile per new constraint
+        # Compiles wait here, not on the default pool the engines' image work shares
+        self.executor = ThreadPoolExecutor(max_workers=COMPILERS, thread_name_prefix="grammar")
         self.compiled = 0  # grammars compiled (cache misses)
 
-    def compile(self, constraint: StructuredOutput) -> Any:
-        """The compiled grammar of ``constraint`` (cached); a constraint xgrammar refuses is a 400."""
+    async def acompile(self, constraint: StructuredOutput) -> Any:
+        return await self._in_pool(self.compile, constraint)
+
+    async def amatcher(self, constraint: StructuredOutput) -> Any:
+        return await self._in_pool(self.matcher, constraint)
+
+    async def _in_pool(self, fn: Any, constraint: StructuredOutput) -> Any:
+        context = contextvars.copy_context()  # record() reaches the request's log line from the pool
+        return await asyncio.get_running_loop().run_in_executor(self.executor, context.run, fn, constraint)
+
+    def _cached(self, constraint: StructuredOutput) -> Any:
         with self._lock:
             if constraint in self._cache:
                 self._cache.move_to_end(constraint)
                 record(grammar_cache="hit")
                 return self._cache[constraint]
+            return None
+
+    def compile(self, constraint: StructuredOutput) -> Any:
+        """The compiled grammar of ``constraint`` (cached; requests with the same new one wait for its one
+        compile); a constraint xgrammar refuses is a 400."""
+        if (hit := self._cached(constraint)) is not None:
+            return hit
+        with self._lock:
+            gate = self._compiling.setdefault(constraint, threading.Lock())
+        with gate:
+            if (hit := self._cached(constraint)) is not None:
+                return hit
+            try:
+                return self._compile_and_keep(constraint)
+            finally:
+                with self._lock:
+                    self._compiling.pop(constraint, None)
+
+    def _compile_and_keep(self, constraint: StructuredOutput) -> Any:
         started = time.perf_counter()
         try:
             compiled = self._compile(constraint)

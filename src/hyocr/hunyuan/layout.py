@@ -17,8 +17,9 @@ from .spotting import _ANY_NUM, _block_from_numbers
 
 __all__ = ["parse_layout"]
 
-_HY_META = re.compile(r"([^<]*?)<hy-meta>\s*<layout>([^<]+)</layout>\s*<(poly|quad)>([^<]+)</\3>\s*</hy-meta>",
-                      re.DOTALL)
+# Found by its tag only (the text before it is what lies between matches): a scan from every position for
+# a leading text group would be quadratic on long output without tags.
+_HY_META = re.compile(r"<hy-meta>\s*<layout>([^<]+)</layout>\s*<(poly|quad)>([^<]+)</\2>\s*</hy-meta>")
 # The authors' category names, normalised (their scorer's aliases)
 _ALIASES = {"chart_title": "figure_title", "chart": "figure", "title": "section_title", "heading": "section_title",
             "page_header": "header", "page_footer": "footer"}
@@ -39,7 +40,7 @@ def _block(text: str, category: str, coords: object, width: int, height: int) ->
 def _from_json(body: str, width: int, height: int) -> list[TextBlock] | None:
     try:
         value = json.loads(body.strip().removeprefix("```json").removesuffix("```").strip())
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(value, list):
         return None
@@ -63,7 +64,7 @@ def parse_layout(text: str, width: int, height: int) -> list[TextBlock]:
     blocks: list[TextBlock] = []
     end = 0
     for m in _HY_META.finditer(text):
-        blocks.append(_block(m.group(1).strip(), m.group(2), m.group(4), width, height))
+        blocks.append(_block(text[end:m.start()].strip(), m.group(1), m.group(3), width, height))
         end = m.end()
     tail = text[end:].strip()
     if tail:

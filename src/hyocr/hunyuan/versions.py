@@ -111,8 +111,11 @@ def _json(path: Path) -> dict:
 def processor_settings(folder: Path) -> dict:
     """The image processor's settings: preprocessor_config.json (the hub's layout), or the image_processor
     section of processor_config.json (newer transformers)."""
-    pre = _json(folder / "preprocessor_config.json")
-    return pre or (_json(folder / "processor_config.json").get("image_processor") or {})
+    pre = _json(folder / "preprocessor_config.json") or (_json(folder / "processor_config.json").get("image_processor")
+                                                          or {})
+    size = pre.get("size") if isinstance(pre.get("size"), dict) else {}
+    return {**pre, "min_pixels": pre.get("min_pixels") or size.get("shortest_edge"),
+            "max_pixels": pre.get("max_pixels") or size.get("longest_edge")}
 
 
 def read_checkpoint(folder: str | Path, override: str = "auto") -> CheckpointFacts:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from ..engines.base import Engine
+from ..errors import InvalidRequest
 from ..hunyuan import versions
 from ..observability.logs import record_first
 from ..types import EngineChunk, EngineRequest, FinishReason, PageImage, Prepared, SamplingParams
@@ -33,6 +34,8 @@ class EngineRun:
         filled = {key: value for key, value in self.engine.info.defaults.items() if getattr(sampling, key) is None}
         if sampling.max_tokens is None:
             filled["max_tokens"] = self.default_max_tokens
+        if sampling.min_tokens and sampling.min_tokens > filled.get("max_tokens", sampling.max_tokens):
+            raise InvalidRequest("min_tokens must not exceed max_tokens", param="min_tokens")
         return replace(sampling, **filled) if filled else sampling
 
     def request(self, prep: Prepared, images: tuple[PageImage, ...], suffix: str = "") -> EngineRequest:

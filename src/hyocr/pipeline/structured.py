@@ -40,7 +40,8 @@ _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONES = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames",
                 "unevaluatedProperties", "unevaluatedItems", "additionalItems")
 _BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
-_REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+_REPEAT = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
+MAX_JSON_DEPTH = 4 * MAX_DEPTH  # the whole document, whatever keywords nest it (a subschema is ~2 levels)
 
 
 class _Budget:
@@ -49,6 +50,7 @@ class _Budget:
         self.subschemas = self.enum_values = 0
         self.length_bounds: set[tuple[Any, Any]] = set()
         self.patterns = 0
+        self.refs: set[str] = set()
 
     def refuse(self, message: str) -> InvalidRequest:
         return InvalidRequest(f"{self.param}: {message}", param=self.param, code="invalid_schema")
@@ -62,9 +64,14 @@ def _check_pattern(pattern: Any, budget: _Budget) -> None:
         raise budget.refuse(f"at most {MAX_PATTERNS} patterns")
     if len(pattern) > MAX_PATTERN_CHARS:
         raise budget.refuse(f"a pattern is limited to {MAX_PATTERN_CHARS} characters")
+    # All counted repetitions of a pattern together, so nesting ((a{1000}){1000}) cannot multiply past the bound
+    total = 0
     for low, high in _REPEAT.findall(pattern):
-        if int(low) > MAX_PATTERN_REPEAT or (high and int(high) > MAX_PATTERN_REPEAT):
-            raise budget.refuse(f"a pattern may repeat at most {MAX_PATTERN_REPEAT} times ({{m,n}})")
+        if not low and not high:
+            continue
+        total += max(int(low or 0), int(high or MAX_PATTERN_REPEAT + 1))
+    if total > MAX_PATTERN_REPEAT:
+        raise budget.refuse(f"a pattern's counted repetitions ({{m,n}}) may add up to at most {MAX_PATTERN_REPEAT}")
     try:
         re.compile(pattern)
     except re.error as exc:
@@ -84,6 +91,8 @@ def _walk(node: Any, depth: int, budget: _Budget) -> None:
     ref = node.get("$ref")
     if ref is not None and (not isinstance(ref, str) or not ref.startswith("#")):
         raise budget.refuse("only local $ref (#/$defs/...) is allowed: nothing is fetched")
+    if ref is not None:
+        budget.refs.add(ref)
     for key in _BOUNDS:
         value = node.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_BOUND):
@@ -139,21 +148,60 @@ def from_schema(schema: Any, *, param: str = "schema") -> StructuredOutput:
             raise budget.refuse("not valid JSON") from None
     if not isinstance(schema, dict):
         raise budget.refuse("a JSON Schema must be an object")
+    if _json_depth(schema) > MAX_JSON_DEPTH:
+        raise budget.refuse(f"the schema nests more than {MAX_JSON_DEPTH} levels of JSON")
     try:
         text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (ValueError, RecursionError):
-        raise budget.refuse(f"not a JSON object (or nested more than {MAX_DEPTH} deep)") from None
-    if len(text.encode()) > MAX_SCHEMA_BYTES:
+        size = len(text.encode())
+    except (ValueError, RecursionError):  # NaN, a lone surrogate
+        raise budget.refuse("not a JSON object") from None
+    if size > MAX_SCHEMA_BYTES:
         raise budget.refuse(f"the schema is limited to {MAX_SCHEMA_BYTES} bytes of JSON")
+    if "$schema" in schema and schema["$schema"] not in _METASCHEMAS:
+        raise budget.refuse("$schema names a JSON Schema draft (2020-12, 2019-09, 7, 6 or 4), or is left out")
     _walk(schema, 0, budget)
     from jsonschema import Draft202012Validator, SchemaError, validators
 
     try:
         validators.validator_for(schema, default=Draft202012Validator).check_schema(schema)
+        _resolve_refs(schema, budget.refs)
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
         raise budget.refuse(f"not a valid JSON Schema: {exc.message[:200]}" + (f" (at {where})" if where else "")) from None
+    except Exception as exc:  # noqa: BLE001 - a hostile schema must be a 400, whatever the validator trips on
+        raise budget.refuse(f"not a usable JSON Schema ({type(exc).__name__})") from None
     return StructuredOutput(json_schema=text)
+
+
+def _resolve_refs(schema: dict, refs: set[str]) -> None:
+    """Every local $ref points somewhere (a dangling one would fail the compiler or the validation later)."""
+    from referencing import Registry
+    from referencing.jsonschema import DRAFT202012
+
+    resolver = Registry().with_resource("urn:hyocr", DRAFT202012.create_resource(schema)).resolver("urn:hyocr")
+    for ref in refs:
+        resolver.lookup(ref)
+
+
+_METASCHEMAS = frozenset({
+    "https://json-schema.org/draft/2020-12/schema", "https://json-schema.org/draft/2019-09/schema",
+    "http://json-schema.org/draft-07/schema#", "http://json-schema.org/draft-07/schema",
+    "http://json-schema.org/draft-06/schema#", "http://json-schema.org/draft-06/schema",
+    "http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-04/schema",
+})
+
+
+def _json_depth(value: Any) -> int:
+    """How deep a parsed JSON value nests (iteratively: a hostile one must not exhaust the stack here)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_JSON_DEPTH:
+            break
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 def from_choice(values: Any, *, param: str = "structured_outputs.choice") -> StructuredOutput:
@@ -191,7 +239,10 @@ def _violation(value: Any, structured: StructuredOutput) -> str | None:
         return None if value in structured.choice else "the output is not one of the choices"
     from jsonschema.exceptions import best_match
 
-    error = best_match(_validator(structured.json_schema or "{}").iter_errors(value))
+    try:
+        error = best_match(_validator(structured.json_schema or "{}").iter_errors(value))
+    except Exception as exc:  # noqa: BLE001 - e.g. RecursionError on a recursive schema's deep output
+        return f"the output could not be validated against the schema ({type(exc).__name__})"
     if error is None:
         return None
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
@@ -222,7 +273,7 @@ def parse_output(text: str, structured: StructuredOutput, *, complete: bool = Tr
     (``complete`` False: max_tokens, the loop guard) is closed at the point it stopped, then validated, so a
     record whose required fields were all written before the cut still comes back."""
     if structured.choice:
-        value = text.strip()
+        value = text if text in structured.choice else text.strip()
         return (value, None) if value in structured.choice else (None, "the output is not one of the choices")
     value, error = extract_json(text)
     if error is not None and not complete:  # cut inside a key or a value: drop that member

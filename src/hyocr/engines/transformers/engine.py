@@ -184,7 +184,10 @@ class TransformersEngine(Engine):
     def _apply_checkpoint(self) -> None:
         """The loaded checkpoint's version, decoding defaults and image bounds (hunyuan/versions.py)."""
         image = getattr(self.processor, "image_processor", None)
-        processor = {"min_pixels": getattr(image, "min_pixels", None), "max_pixels": getattr(image, "max_pixels", None)}
+        size = getattr(image, "size", None) or {}  # transformers 5 keeps the bounds as size's edges
+        size = size if isinstance(size, dict) else {}
+        processor = {"min_pixels": getattr(image, "min_pixels", None) or size.get("shortest_edge"),
+                     "max_pixels": getattr(image, "max_pixels", None) or size.get("longest_edge")}
         facts = versions.CheckpointFacts(
             version=versions.detect(self.model.config.to_dict(), processor, self.model_version),
             context=self.max_model_len,
@@ -228,7 +231,7 @@ class TransformersEngine(Engine):
             )
         job = Job(request, prompt, loop, asyncio.Queue())
         if request.sampling.structured is not None and self.grammars is not None:
-            job.matcher = await asyncio.to_thread(self.grammars.matcher, request.sampling.structured)
+            job.matcher = await self.grammars.amatcher(request.sampling.structured)
         self._jobs.put(job)
         finished = False
         try:

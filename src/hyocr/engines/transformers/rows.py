@@ -92,11 +92,11 @@ class Row:
         if token in self.eos_ids and self.count >= self.min_tokens:
             self.finish(FinishReason.STOP)
             return True
-        self.count += 1
-        self.decoder.add(token)
-        if self.matcher is not None and not self.matcher.accept_token(token):  # the mask allowed only these
+        if self.matcher is not None and not self.matcher.accept_token(token):  # nothing the grammar allows
             self.finish(FinishReason.STOP)
             return True
+        self.count += 1
+        self.decoder.add(token)
         if self.count >= self.max_tokens:
             self.finish(FinishReason.LENGTH)
             return True
@@ -149,6 +149,7 @@ def _constrain(logits: Any, rows: list[Row]) -> None:
         return
     import xgrammar as xgr
 
+    # The grammars' vocabulary is the model's (engine.py: text_config.vocab_size, the logits' width)
     bitmask = xgr.allocate_token_bitmask(len(rows), logits.shape[-1])
     for i in constrained:
         rows[i].matcher.fill_next_token_bitmask(bitmask, i)

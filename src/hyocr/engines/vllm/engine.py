@@ -301,7 +301,7 @@ class VllmEngine(SharedEngine):
         if not await self.ready():
             raise ServiceUnavailable("the vLLM engine is not running", code="engine_dead")
         if request.sampling.structured is not None:  # a 400 here, not in the core; compile time measured
-            await asyncio.to_thread(self.grammars.compile, request.sampling.structured)
+            await self.grammars.acompile(request.sampling.structured)
         images = await asyncio.to_thread(lambda: [fit_image(p, self.bounds) for p in request.images])
         prompt: dict[str, Any] = {"prompt": self.templated_prompt(request)}
         if images:
