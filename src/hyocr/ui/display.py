@@ -30,7 +30,7 @@ TASK_LABELS: dict[Task, str] = {
     Task.CHART: "Chart to Markdown / Mermaid",
     Task.SUBTITLES: "Subtitles of a video frame",
     Task.VQA: "Ask a question",
-    Task.SPOTTING_JSON: "Text spotting, JSON (HunyuanOCR 1.5)",
+    Task.SPOTTING_JSON: "Lines with boxes as JSON (HunyuanOCR 1.5)",
     Task.LAYOUT: "Layout regions (HunyuanOCR 1.5)",
 }
 
