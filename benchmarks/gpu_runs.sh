@@ -13,11 +13,13 @@
 #       hfgen   transformers' generate() on static batches (benchmarks/hf_generate.py), the PyTorch baseline
 #       tsplit  the transformers engine alone (benchmarks/transformers_inprocess.py, py-spy) vs behind the
 #               server vs static generate(), cards, one sitting (TCONC, default: 32 64)
+#       dflash  hyocr vLLM with and without 1.5's DFlash draft (random weights: acceptance ~0, so this is the
+#               overhead of the path and its correctness), cards and A4 (WORKLOADS), c=1 and 32
 #       tcost   one decode step of the transformers engine's RunningBatch: ms/step by rows, padded or not,
 #               sdpa vs eager, with torch.profiler's top ops (benchmarks/transformers_step_cost.py)
 # Each step writes bench JSON (+ .gpu.csv traces, server logs) to DIR; copy the JSON to benchmarks/results/.
 set -uo pipefail
-step=${1:?step: vit | diag | hyocr | variants | raw | transformers | serve | hfgen | tsplit | tcost}
+step=${1:?step: vit | diag | hyocr | variants | raw | transformers | serve | hfgen | tsplit | tcost | dflash}
 out=${2:?output directory}
 mkdir -p "$out"
 # An A4 page takes ~4x a card: two requests per stream keep its levels near half a minute.
@@ -72,6 +74,10 @@ case "$step" in
       --requests 64 --no-cudnn >> "$out/tsplit.log" 2>&1
     HYOCR_BENCH_CONCURRENCY=${SERVER_CONC:-32,64} HYOCR_BENCH_WORKLOAD=card \
       python3 benchmarks/engines_gpu.py "$out" hyocr-transformers ;;
+  dflash)
+    python3 benchmarks/dflash_draft.py /tmp/dflash-random > /dev/null
+    HYOCR_BENCH_CONCURRENCY=${CONCURRENCY:-1,32} HYOCR_BENCH_WORKLOAD=${WORKLOADS:-card} \
+      python3 benchmarks/engines_gpu.py "$out" hyocr-vllm hyocr-vllm+dflash ;;
   tcost)
     python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import engines_gpu; engines_gpu.build_checkpoint()"
     python3 benchmarks/transformers_step_cost.py /tmp/hunyuanocr-1.0-random "$out/transformers-step-cost.json" \
