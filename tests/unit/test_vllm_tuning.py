@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hyocr.config import load_settings
-from hyocr.engines.vllm.engine import vllm_engine_args
+from hyocr.engines.vllm.args import vllm_engine_args
 from hyocr.engines.vllm.tuning import kv_bytes_per_token, kv_cache_bytes, preprocess_workers, size_engine
 
 # HunyuanOCR 1.0's language model as the hub's flat config.json spells it (HUNYUANOCR.md).

@@ -251,8 +251,8 @@ def ocr_call(
             raise InvalidRequest("send fields or a schema, not both (a schema's properties are its fields)",
                                  param="fields")
         _no_forced_length(req)
-        schema = structured.from_schema(req.extraction_schema)
-        fields = list(structured.extraction_keys(schema))
+        schema, keys = structured.extraction(req.extraction_schema)
+        fields = list(keys)
         sampling = replace(sampling, structured=schema)
     return OcrCall(
         media=tuple(media),

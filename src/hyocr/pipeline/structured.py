@@ -19,7 +19,7 @@ from ..errors import InvalidRequest
 from ..hunyuan.extraction import extract_json
 from ..types import StructuredOutput
 
-__all__ = ["JSON_OBJECT", "extraction_keys", "from_choice", "from_schema", "parse_output"]
+__all__ = ["JSON_OBJECT", "extraction", "extraction_keys", "from_choice", "from_schema", "parse_output"]
 
 MAX_SCHEMA_BYTES = 32_768  # the schema as compact JSON
 MAX_DEPTH = 10  # subschemas nested in subschemas
@@ -224,6 +224,12 @@ def extraction_keys(structured: StructuredOutput, *, param: str = "schema") -> t
     return tuple(properties)
 
 
+def extraction(schema: Any, *, param: str = "schema") -> tuple[StructuredOutput, tuple[str, ...]]:
+    """A caller's extraction schema (/v1/ocr, the web UI): the constraint, and the fields its prompt names."""
+    constraint = from_schema(schema, param=param)
+    return constraint, extraction_keys(constraint, param=param)
+
+
 @lru_cache(maxsize=128)
 def _validator(schema_text: str) -> Any:
     from jsonschema import Draft202012Validator, validators
@@ -233,10 +239,9 @@ def _validator(schema_text: str) -> Any:
 
 
 def _violation(value: Any, structured: StructuredOutput) -> str | None:
+    """Why a parsed JSON value breaks the constraint, or None (a choice is checked by parse_output)."""
     if structured.json_object:
         return None if isinstance(value, dict) else "the output is not a JSON object"
-    if structured.choice:
-        return None if value in structured.choice else "the output is not one of the choices"
     from jsonschema.exceptions import best_match
 
     try:

@@ -105,8 +105,7 @@ class Reading:
         max_tokens = max(1, min(int(limit), self.settings.max_tokens_limit)) if self.info.follows_prompts else None
         constraint = None
         if chosen is Task.EXTRACT and (schema_text or "").strip():
-            constraint = structured.from_schema(schema_text.strip())
-            fields = structured.extraction_keys(constraint)
+            constraint, fields = structured.extraction(schema_text.strip())
         return OcrCall(
             media=media, task=chosen,
             fields=fields if chosen is Task.EXTRACT else (),

@@ -14,7 +14,6 @@ engine detects which path the installed vLLM takes and renders accordingly.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -34,15 +33,21 @@ from ...types import (
     FinishReason,
     PageImage,
     SamplingParams,
-    StructuredOutput,
     Task,
 )
 from ..base import EngineInfo, SharedEngine
 from ..registry import ALL_TASKS
 from . import compat
+from .args import (
+    parse_lora_modules,
+    resolve_checkpoint,
+    speculative_details,
+    structured_outputs_params,
+    supported_args,
+    vllm_engine_args,
+)
 from .compat import apply_version_workarounds, hunyuan_backend
 from .tuning import (
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     VISION_ENCODER_ENV,
     device_memory_bytes,
     expected_tokens_of,
@@ -91,7 +96,7 @@ class VllmEngine(SharedEngine):
             adapters=tuple(self.lora_modules),
             structured=True,
             details={"path": engine_args["model"], "revision": revision or "main", "subfolder": subfolder or "",
-                     **_speculative_details(engine_args.get("speculative_config"))},
+                     **speculative_details(engine_args.get("speculative_config"))},
         )
         self.engine: Any = None
         self.tokenizer: Any = None
@@ -130,6 +135,7 @@ class VllmEngine(SharedEngine):
         the arguments the parent prepared and started it from."""
         self.shared_core = core
         self.engine_args, self._prepared = dict(engine_kwargs), True
+        self.apply_checkpoint(self.engine_args["model"])  # the parent read it when it prepared them
 
     @property
     def restartable(self) -> bool:
@@ -181,7 +187,6 @@ class VllmEngine(SharedEngine):
         apply_version_workarounds(__version__)
         self.backend = hunyuan_backend()
         kwargs = await asyncio.to_thread(self.prepare_args)
-        self.apply_checkpoint(kwargs["model"])  # again in a process that was handed the prepared arguments
         # Building the engine blocks for tens of seconds (processes, weights, compilation): off the event
         # loop, so a restart by the supervisor leaves /health, /ready and shedding responsive.
         if self.shared_core is not None:  # one of several API processes: connect to the parent's engine
@@ -192,7 +197,7 @@ class VllmEngine(SharedEngine):
         self.tokenizer = self.engine.get_tokenizer()
         from ..grammar import Grammars
 
-        self.grammars = await asyncio.to_thread(Grammars, self.tokenizer, self.engine.model_config.get_vocab_size())
+        self.grammars = Grammars(self.tokenizer, self.engine.model_config.get_vocab_size())
         pixels = self.pixel_path()
         if self.preprocess_processes:
             from .preprocess import ProcessRenderer
@@ -370,102 +375,3 @@ class VllmEngine(SharedEngine):
     def unfinished_requests(self) -> int:
         """Requests vLLM is still tracking (0 once every abandoned stream has been aborted)."""
         return compat.unfinished_requests(self.engine) if self.engine else 0
-
-
-def parse_lora_modules(spec: str | None) -> dict[str, str]:
-    """``"invoices=/adapters/inv,receipts=/adapters/rec"`` -> {name: path}."""
-    modules: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in (spec or "").split(","))):
-        name, sep, path = item.partition("=")
-        if not sep or not name.strip() or not path.strip():
-            raise SettingsError(f"lora_modules: expected name=path, got {item!r}")
-        modules[name.strip()] = path.strip()
-    return modules
-
-
-def resolve_checkpoint(model: str, revision: str | None, subfolder: str | None) -> str:
-    """vLLM has no ``subfolder`` argument, and HunyuanOCR 1.0 lives in ``v1.0/`` of the hub repo
-    (1.5 at its root): resolve the folder to a local path (downloading just that folder from the hub
-    when ``model`` is a hub id) and give vLLM the path."""
-    if not subfolder:
-        return model
-    local = Path(model) / subfolder
-    if Path(model).is_dir():
-        if not (local / "config.json").exists():
-            raise SettingsError(f"no checkpoint (config.json) in {local}")
-        return str(local)
-    from huggingface_hub import snapshot_download
-
-    root = snapshot_download(model, revision=revision, allow_patterns=[f"{subfolder}/*"])
-    return str(Path(root) / subfolder)
-
-
-def _speculative_details(config: dict | None) -> dict[str, str]:
-    """What /v1/models says of speculative decoding: the method, its draft and how many tokens it proposes."""
-    if not config:
-        return {}
-    parts = [str(config.get("method") or "auto"), f"{config.get('num_speculative_tokens', '?')} tokens"]
-    if config.get("model"):
-        parts.append(f"draft {config['model']}")
-    return {"speculative_decoding": ", ".join(parts)}
-
-
-def structured_outputs_params(constraint: StructuredOutput) -> Any:
-    """vLLM's StructuredOutputsParams for hyocr's constraint (whitespace and backend are the engine's)."""
-    from vllm.sampling_params import StructuredOutputsParams
-
-    if constraint.json_schema is not None:
-        return StructuredOutputsParams(json=constraint.json_schema)
-    if constraint.json_object:
-        return StructuredOutputsParams(json_object=True)
-    return StructuredOutputsParams(choice=list(constraint.choice))
-
-
-def vllm_engine_args(settings: Settings) -> dict[str, Any]:
-    """AsyncEngineArgs for HunyuanOCR: the authors' serving defaults plus the user's knobs."""
-    args: dict[str, Any] = {
-        "model": settings.model,
-        "revision": settings.revision,
-        "trust_remote_code": settings.trust_remote_code,
-        "dtype": settings.dtype,
-        "max_num_seqs": settings.max_num_seqs,
-        "enable_prefix_caching": False,  # OCR prompts rarely share prefixes
-        "mm_processor_cache_gb": 0,  # nor images
-        "limit_mm_per_prompt": {"image": settings.max_images_per_request},
-        "gpu_memory_utilization": settings.gpu_memory_utilization,
-        "enforce_eager": settings.enforce_eager,
-        "tensor_parallel_size": settings.tensor_parallel_size,
-        "disable_log_stats": False,
-        "max_lora_rank": settings.max_lora_rank if settings.lora_modules else None,
-        "max_num_batched_tokens": settings.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        "renderer_num_workers": preprocess_workers(settings.preprocess_workers),
-        "stream_interval": settings.stream_interval,
-        # Constrained JSON without free whitespace: with it a model can loop in newlines until max_tokens
-        # (the tiny random checkpoint wrote '{"name"' and 120 newlines); xgrammar is the backend measured.
-        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
-    }
-    if settings.max_model_len:
-        args["max_model_len"] = settings.max_model_len
-    if settings.quantization:
-        args["quantization"] = settings.quantization
-    if settings.swap_space is not None:
-        args["swap_space"] = settings.swap_space
-    if settings.kv_cache_memory_bytes:
-        args["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
-    if settings.speculative_config:  # e.g. 1.5's DFlash draft (the authors: 15 tokens); validated by Settings
-        args["speculative_config"] = json.loads(settings.speculative_config)
-    if settings.vllm_args:
-        args.update(json.loads(settings.vllm_args))  # validated as a JSON object by Settings
-    return {k: v for k, v in args.items() if v is not None}
-
-
-def supported_args(args: dict[str, Any]) -> dict[str, Any]:
-    """Drop (with a warning) knobs the installed vLLM no longer has, e.g. swap_space after 0.2x."""
-    import dataclasses
-
-    from vllm import AsyncEngineArgs
-
-    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    for name in sorted(set(args) - known):
-        log.warning("vLLM setting %s=%r is not supported by the installed vLLM; ignored", name, args[name])
-    return {k: v for k, v in args.items() if k in known}
