@@ -61,6 +61,7 @@ VARIANTS = {
 _MAX = os.environ.get("HYOCR_BENCH_MAX_TOKENS", "150")
 MAX_TOKENS = dict(item.split("=", 1) for item in _MAX.split() if "=" in item) if "=" in _MAX else {"": _MAX}
 PYSPY = os.environ.get("HYOCR_BENCH_PYSPY")  # path of a py-spy binary: profile each server
+PROBE = os.environ.get("HYOCR_BENCH_PROBE")  # set: record greedy texts (benchmarks/output_probe.py) per target
 # Requests per level for a workload, e.g. "a4=32,32,64,128" (an A4 page takes ~4x a card): hyocr bench's
 # default (4 per stream) otherwise. benchmarks/raw_vllm.py takes the same --requests.
 REQUESTS = dict(item.split("=", 1) for item in os.environ.get("HYOCR_BENCH_REQUESTS", "").split() if "=" in item)
@@ -189,6 +190,10 @@ def run_target(target: str, out: Path) -> None:
             during = None if before is None or (after := preemptions(url)) is None else after - before
             (out / f"{workload}-{safe(target)}.preemptions.txt").write_text(f"{during}\n")
             print(f"{target} {workload}: bench exit {done.returncode}, preemptions {during}", flush=True)
+        if PROBE:
+            probe = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "output_probe.py"), url,
+                                    str(out / f"{safe(target)}.outputs.json")], check=False, env=env)
+            print(f"{target}: output probe exit {probe.returncode}", flush=True)
     finally:
         stop_server(proc)
         log.close()

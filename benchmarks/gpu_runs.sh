@@ -76,8 +76,10 @@ case "$step" in
       python3 benchmarks/engines_gpu.py "$out" hyocr-transformers ;;
   dflash)
     python3 benchmarks/dflash_draft.py /tmp/dflash-random > /dev/null
-    HYOCR_BENCH_CONCURRENCY=${CONCURRENCY:-1,32} HYOCR_BENCH_WORKLOAD=${WORKLOADS:-card} \
-      python3 benchmarks/engines_gpu.py "$out" hyocr-vllm hyocr-vllm+dflash ;;
+    HYOCR_BENCH_PROBE=1 HYOCR_BENCH_CONCURRENCY=${CONCURRENCY:-1,32} HYOCR_BENCH_WORKLOAD=${WORKLOADS:-card} \
+      python3 benchmarks/engines_gpu.py "$out" hyocr-vllm hyocr-vllm+dflash
+    python3 benchmarks/output_probe.py --compare "$out/hyocr-vllm.outputs.json" "$out/hyocr-vllm--dflash.outputs.json" \
+      > "$out/dflash-outputs-compare.json" ;;
   tcost)
     python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import engines_gpu; engines_gpu.build_checkpoint()"
     python3 benchmarks/transformers_step_cost.py /tmp/hunyuanocr-1.0-random "$out/transformers-step-cost.json" \
