@@ -34,14 +34,16 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
         if proc.poll() is not None:
             out = proc.stdout or proc.stderr
             raise AssertionError(out.read() if out is not None else f"the server exited with {proc.returncode}")
-        with contextlib.suppress(requests.ConnectionError):
-            if requests.get(f"{url}/ready", timeout=1).status_code == 200:
+        # A slow answer is not an answer yet: a 2-core machine starting an engine may hold one up for seconds.
+        with contextlib.suppress(requests.ConnectionError, requests.Timeout):
+            if requests.get(f"{url}/ready", timeout=5).status_code == 200:
                 return
         assert time.monotonic() < deadline, "server never became ready"
         time.sleep(0.1)
 
 
-def serve_process(*args: str, env: dict[str, str] | None = None, **popen) -> tuple[subprocess.Popen, str]:
+def serve_process(*args: str, env: dict[str, str] | None = None, ready_timeout: float = 120,
+                  **popen) -> tuple[subprocess.Popen, str]:
     """``hyocr serve ARGS`` as a user starts it, on a free port, ready; output on ``proc.stdout`` (text)
     unless ``popen`` says otherwise."""
     port = free_port()
@@ -50,7 +52,7 @@ def serve_process(*args: str, env: dict[str, str] | None = None, **popen) -> tup
     proc = subprocess.Popen([sys.executable, "-m", "hyocr", "serve", "--port", str(port), *args], text=True,
                             env={**os.environ, **(env or {})}, **popen)
     url = f"http://127.0.0.1:{port}"
-    wait_ready(proc, url)
+    wait_ready(proc, url, ready_timeout)
     return proc, url
 
 

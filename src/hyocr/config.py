@@ -66,7 +66,10 @@ class Settings(BaseSettings):
     max_model_len: int | None = Field(None, ge=256, description="vLLM: context length")
     max_num_batched_tokens: int | None = Field(None, ge=256, description="vLLM: tokens per scheduler step")
     enforce_eager: bool = Field(False, description="vLLM: no CUDA graphs (faster start, slower decode)")
-    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM: GPUs one copy of the model is split over")
+    data_parallel_size: int = Field(
+        1, ge=1, le=64, description="vLLM: copies of the model (engine cores), each on tensor_parallel_size GPUs of "
+        "this host; vLLM balances requests between them")
     quantization: str | None = Field(None, description="vLLM: awq, gptq, fp8, ...")
     swap_space: float | None = Field(None, ge=0, description="vLLM: CPU swap GiB (older vLLM only)")
     lora_modules: str | None = Field(None, description="vLLM: LoRA adapters, name=path[,name=path]; "
@@ -178,6 +181,22 @@ class Settings(BaseSettings):
     pdf_max_visual_tokens: int | None = Field(None, ge=64, description="HunyuanOCR engines: visual tokens a "
                                               "page may cost (default: those of a max_pixels square page)")
 
+    # --- scale-out on Ray (extra ray): hyocr/ray/ ---
+    ray: bool = Field(False, description="serve: a Ray Serve application (the API as ingress, the engine as "
+                      "replicas); batch: a Ray Data pipeline (pages rendered in tasks, read by engine actors)")
+    ray_address: str | None = Field(None, description="Ray cluster to join: auto, ray://HOST:10001; unset: "
+                                    "RAY_ADDRESS, else a local cluster started here")
+    ray_replicas: int = Field(1, ge=1, le=4096, description="Ray: engine replicas (serve) or engine actors "
+                              "(batch); the minimum when autoscaling")
+    ray_max_replicas: int | None = Field(None, ge=1, le=4096, description="Ray Serve: autoscale the engine "
+                                         "between ray_replicas and this many replicas (unset: a fixed count)")
+    ray_target_ongoing_requests: float | None = Field(
+        None, gt=0, description="Ray Serve autoscaling: requests in flight a replica aims at (default: half "
+        "max_concurrency)")
+    ray_gpus_per_replica: float | None = Field(None, ge=0, le=64, description="Ray: GPUs per engine replica "
+                                               "(default: tensor_parallel_size for vllm/transformers, 0 otherwise)")
+    ray_cpus_per_replica: float = Field(1.0, ge=0, le=1024, description="Ray: CPUs per engine replica")
+
     # --- durable jobs (/v1/jobs) and webhooks ---
     jobs: bool = Field(True, description="serve the jobs API (/v1/jobs): documents read in the background")
     data_dir: str | None = Field(None, description="where the jobs database and the webhook secret live "
@@ -267,6 +286,44 @@ class Settings(BaseSettings):
             raise ValueError(f"max_concurrency ({self.max_concurrency}) must be at least api_processes "
                              f"({self.api_processes}): it is split between them, one engine slot each at least")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _admission_per_core(cls, data: object) -> object:
+        """With DATA_PARALLEL_SIZE N, vLLM runs MAX_NUM_SEQS on each of N cores: the admission limits left
+        at their defaults grow with it (64 per core, as for one), so N GPUs are not fed by one GPU's share."""
+        if not isinstance(data, dict):
+            return data
+        try:
+            cores = int(data.get("data_parallel_size") or 1)
+        except (TypeError, ValueError):
+            return data  # the field's own validation reports it
+        if cores > 1:
+            for name in ("max_concurrency", "max_queue"):
+                if data.get(name) is None:
+                    data = {**data, name: cls.model_fields[name].default * cores}
+        return data
+
+    @model_validator(mode="after")
+    def _scale_out(self) -> Settings:
+        if self.data_parallel_size > 1 and self.engine != "vllm":
+            raise ValueError(f"data_parallel_size > 1 needs the vllm engine (engine is {self.engine!r}); "
+                             "other engines scale out as Ray Serve replicas (ray)")
+        if self.ray_max_replicas is not None and self.ray_max_replicas < self.ray_replicas:
+            raise ValueError(f"ray_max_replicas ({self.ray_max_replicas}) must be >= ray_replicas "
+                             f"({self.ray_replicas})")
+        if self.ray and self.api_processes > 1:
+            raise ValueError("ray and api_processes > 1 do not combine: on Ray, scale the API with ingress "
+                             "replicas and the engine with ray_replicas")
+        return self
+
+    @property
+    def ray_gpus(self) -> float:
+        """GPUs a Ray engine replica (or batch actor) asks for: the model engines one per tensor-parallel rank."""
+        if self.ray_gpus_per_replica is not None:
+            return self.ray_gpus_per_replica
+        model = self.engine in ("vllm", "transformers")
+        return float(self.tensor_parallel_size * self.data_parallel_size) if model else 0.0
 
     @model_validator(mode="after")
     def _pdf_dpi_range(self) -> Settings:

@@ -30,6 +30,19 @@ class EngineInfo:
     details: dict[str, str] = field(default_factory=dict)  # revision, model path, versions
 
 
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """One of an engine's copies of the model serving side by side (a vLLM data-parallel engine core, a Ray
+    Serve replica): what /ready, /v1/models and /metrics show of each."""
+
+    id: str
+    alive: bool
+    details: dict[str, object] = field(default_factory=dict)  # pid, node, requests served, ...
+
+    def body(self) -> dict[str, object]:
+        return {"id": self.id, "alive": self.alive, **self.details}
+
+
 class Engine(abc.ABC):
     """Base class for engines. Subclasses set ``info`` and implement ``generate``."""
 
@@ -60,6 +73,11 @@ class Engine(abc.ABC):
 
     def supports(self, task: Task) -> bool:
         return task in self.info.tasks
+
+    def replicas(self) -> list[Replica]:
+        """Its copies of the model, when it runs several (cheap: /ready and every scrape ask); empty for an
+        engine that is one copy. Readiness needs every one alive: the supervisor restarts a dead one."""
+        return []
 
 
 class SharedEngine(Engine):

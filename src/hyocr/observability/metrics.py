@@ -70,10 +70,16 @@ class Metrics:
         self.job_pages = Counter("hyocr_job_pages", "Pages read and stored by jobs", registry=r)
         self.webhooks = Counter("hyocr_webhook_deliveries", "Webhook delivery attempts by result "
                                 "(delivered, retried, failed)", ["result"], registry=r)
+        # The engine's copies of the model (vLLM data-parallel cores, Ray Serve replicas), alive or not
+        self.replicas = Gauge("hyocr_engine_replicas", "Engine replicas (data-parallel cores, Ray Serve "
+                              "replicas) by state (up, down)", ["state"], registry=r, multiprocess_mode="max")
         self._sources: dict[Gauge, object] = {}
         if service is not None:
             self.track(self.queue, lambda: service.admission.waiting)
             self.track(self.in_flight, lambda: service.admission.in_flight)
+            for state, alive in (("up", True), ("down", False)):
+                self.track(self.replicas.labels(state),
+                           lambda alive=alive: sum(r.alive == alive for r in service.engine.replicas()))
         self.gpu = GpuCollector.create()
         if self.gpu is not None and not self.shared:
             r.register(self.gpu)

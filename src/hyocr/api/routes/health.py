@@ -25,6 +25,8 @@ async def ready(request: Request) -> JSONResponse:
     ok = healthy and (not isinstance(engine, SharedEngine) or engine.peers_ready())
     body = {"status": "ready" if ok else "unavailable", "engine": engine.info.name, "model": engine.info.model,
             "restarts": supervisor.restarts}
+    if replicas := engine.replicas():
+        body["replicas"] = [r.body() for r in replicas]
     if healthy and not ok:
         body["reason"] = "waiting for the server's other API processes"
     elif not ok and supervisor.last_failure:

@@ -123,6 +123,12 @@ async def _as_chunks(events: AsyncIterator[ChatEvent]) -> AsyncIterator[EngineCh
         await events.aclose()
 
 
+def replicas_body(engine) -> dict:
+    """The engine's copies of the model (data-parallel cores, Ray Serve replicas), when it has several."""
+    replicas = engine.replicas()
+    return {"replicas": [r.body() for r in replicas]} if replicas else {}
+
+
 @router.get("/v1/models", summary="The model this server runs")
 async def models(request: Request) -> dict:
     info = service_of(request).engine.info
@@ -148,6 +154,7 @@ async def models(request: Request) -> dict:
                     # what a request that leaves them open decodes with (the checkpoint's generation_config)
                     "generation_defaults": info.defaults,
                     **info.details,
+                    **replicas_body(service_of(request).engine),
                 },
             },
             *adapters,

@@ -82,6 +82,8 @@ def vllm_engine_args(settings: Settings) -> dict[str, Any]:
         "gpu_memory_utilization": settings.gpu_memory_utilization,
         "enforce_eager": settings.enforce_eager,
         "tensor_parallel_size": settings.tensor_parallel_size,
+        # vLLM's own data parallelism: a core per copy, its coordinator balancing requests by queue length
+        "data_parallel_size": settings.data_parallel_size if settings.data_parallel_size > 1 else None,
         "disable_log_stats": False,
         "max_lora_rank": settings.max_lora_rank if settings.lora_modules else None,
         "max_num_batched_tokens": settings.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,

@@ -142,6 +142,14 @@ def connect_async_llm(config: Any, addresses: dict[str, Any], count: int, index:
                                      client_count=count, client_index=index)
 
 
+def core_processes(engine: Any) -> list[Any]:
+    """The engine core processes an AsyncLLM started (``engine_core.resources.engine_manager.processes``:
+    one per data-parallel rank, named EngineCore_DP<rank>; 0.26, 0.32); empty for a client of cores it did
+    not start (API_PROCESSES), or when vLLM moves them."""
+    resources = getattr(getattr(engine, "engine_core", None), "resources", None)
+    return list(getattr(getattr(resources, "engine_manager", None), "processes", None) or ())
+
+
 def mark_core_dead(engine: Any) -> bool:
     """Mark an AsyncLLM's engine core dead and shut its client down, so that every waiting request gets
     EngineDeadError; False if it already was. ``engine_core.resources.engine_dead`` (0.26, 0.32) is what

@@ -35,7 +35,7 @@ from ...types import (
     SamplingParams,
     Task,
 )
-from ..base import EngineInfo, SharedEngine
+from ..base import EngineInfo, Replica, SharedEngine
 from ..registry import ALL_TASKS
 from . import compat
 from .args import (
@@ -271,7 +271,15 @@ class VllmEngine(SharedEngine):
         self._started = False
 
     async def ready(self) -> bool:
-        return self._started and self.engine is not None and not self.engine.errored
+        alive = all(r.alive for r in self.replicas())  # one dead core: restart them all (vLLM cannot add one)
+        return self._started and self.engine is not None and not self.engine.errored and alive
+
+    def replicas(self) -> list[Replica]:
+        """The data-parallel engine cores (DATA_PARALLEL_SIZE > 1), each alive or not, as vLLM started them."""
+        if self.engine is None or self.engine_args.get("data_parallel_size", 1) <= 1:
+            return []
+        return [Replica(str(rank), proc.is_alive(), {"pid": proc.pid, "process": proc.name})
+                for rank, proc in enumerate(compat.core_processes(self.engine))]
 
     def peers_ready(self) -> bool:
         # One of several API processes: until every one has had its first answer, the parent may still
