@@ -54,6 +54,8 @@ VARIANTS = {
     "fp8kv": '--vllm-args {"kv_cache_dtype":"fp8"}',  # half the KV bytes a decode step reads (A4 is bound there)
     # 1.5's DFlash draft, random weights (benchmarks/dflash_draft.py; gpu_runs.sh dflash builds it): the cost of
     # speculation that is always wrong, and that the output is unchanged
+    # vLLM data parallelism: two engine cores (on one GPU only if vLLM places both there; issue 21 measures 2-8)
+    "dp2": "--data-parallel-size 2",
     "dflash": '--speculative-config {"method":"dflash","model":"/tmp/dflash-random","num_speculative_tokens":15}',
 }
 # Output tokens a request: "150" for every workload, or per workload, e.g. "card=150 a4=1000" (a document

@@ -15,11 +15,13 @@
 #               server vs static generate(), cards, one sitting (TCONC, default: 32 64)
 #       dflash  hyocr vLLM with and without 1.5's DFlash draft (random weights: acceptance ~0, so this is the
 #               overhead of the path and its correctness), cards and A4 (WORKLOADS), c=1 and 32
+#       dp      hyocr vLLM with DATA_PARALLEL_SIZE=2 (VARIANT dp2) beside the default, cards at c=64 (on one GPU:
+#               does vLLM place two cores on it?)
 #       tcost   one decode step of the transformers engine's RunningBatch: ms/step by rows, padded or not,
 #               sdpa vs eager, with torch.profiler's top ops (benchmarks/transformers_step_cost.py)
 # Each step writes bench JSON (+ .gpu.csv traces, server logs) to DIR; copy the JSON to benchmarks/results/.
 set -uo pipefail
-step=${1:?step: vit | diag | hyocr | variants | raw | transformers | serve | hfgen | tsplit | tcost | dflash}
+step=${1:?step: vit | diag | hyocr | variants | raw | transformers | serve | hfgen | tsplit | tcost | dflash | dp}
 out=${2:?output directory}
 mkdir -p "$out"
 # An A4 page takes ~4x a card: two requests per stream keep its levels near half a minute.
@@ -80,6 +82,9 @@ case "$step" in
       python3 benchmarks/engines_gpu.py "$out" hyocr-vllm hyocr-vllm+dflash
     python3 benchmarks/output_probe.py --compare "$out/hyocr-vllm.outputs.json" "$out/hyocr-vllm--dflash.outputs.json" \
       > "$out/dflash-outputs-compare.json" ;;
+  dp)
+    HYOCR_BENCH_CONCURRENCY=${CONCURRENCY:-64} HYOCR_BENCH_WORKLOAD=${WORKLOADS:-card} \
+      python3 benchmarks/engines_gpu.py "$out" hyocr-vllm+dp2 ;;
   tcost)
     python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import engines_gpu; engines_gpu.build_checkpoint()"
     python3 benchmarks/transformers_step_cost.py /tmp/hunyuanocr-1.0-random "$out/transformers-step-cost.json" \
