@@ -199,6 +199,10 @@ def serve(settings: Settings) -> int:
     if settings.gil_switch_interval:
         sys.setswitchinterval(settings.gil_switch_interval)
     warn_if_exposed(settings)
+    if settings.ray:  # the API and the engine replicas as a Ray Serve application
+        from .ray.serve import run
+
+        return run(settings)
     if settings.api_processes > 1:  # several front ends sharing one vLLM engine core
         from .server.processes import serve as serve_processes
 

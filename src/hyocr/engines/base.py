@@ -47,6 +47,9 @@ class Engine(abc.ABC):
     """Base class for engines. Subclasses set ``info`` and implement ``generate``."""
 
     info: EngineInfo
+    # The engine replaces its own failed parts (Ray Serve replaces replicas): a failed probe makes the server
+    # not ready, but the supervisor never restarts it (that would fail the healthy replicas' requests too).
+    self_healing: bool = False
 
     async def start(self) -> None:
         """Load models / connect. Called once before serving."""

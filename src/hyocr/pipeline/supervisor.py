@@ -10,6 +10,8 @@ service's progress board (pipeline/progress.py), which judges progress per engin
 - every request in the engine overdue, or a failed probe: readiness goes false, the in-flight requests
   fail at once with a retryable 503 (``engine_restarting``), the engine is stopped and started again,
   with backoff if that fails.
+An engine that heals itself (``self_healing``: Ray Serve replaces its replicas) is only reported: not ready
+while its probe fails, never restarted from here.
 Start-up, idle time and the work before the engine (PDF rendering, fetches, decoding) are never counted.
 
 An engine this process cannot restart (a ``SharedEngine`` whose ``restartable`` is False: one of several API processes sharing a
@@ -89,6 +91,13 @@ class EngineSupervisor:
                 problem = "the engine's readiness probe failed"
             if problem is None:
                 backoff = 1.0
+                self.last_failure = None if self.engine.self_healing else self.last_failure
+                continue
+            if self.engine.self_healing:  # not ready until it heals itself; /ready says why
+                if problem != self.last_failure:
+                    log.warning("engine %s unhealthy (%s): waiting for it to replace what failed",
+                                self.engine.info.name, problem)
+                self.last_failure = problem
                 continue
             if await self.restart(problem):
                 backoff = 1.0
