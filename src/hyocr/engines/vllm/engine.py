@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 VISION_EXTENSION = "hyocr.engines.vllm.vision.VisionWorkerExtension"
 IMAGE_START = "<｜hy_place▁holder▁no▁100｜>"
 IMAGE_END = "<｜hy_place▁holder▁no▁101｜>"
+WARM_UP_SPECULATIVE_TOKENS = 48
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
@@ -237,7 +238,13 @@ class VllmEngine(SharedEngine):
 
         started = time.perf_counter()
         page = PageImage(Image.new("RGB", (64, 64), "white"))
-        request = EngineRequest("hyocr-warm-up", Task.TEXT, "warm-up", (page,), sampling=SamplingParams(max_tokens=1))
+        # With a draft model, decode steps (proposal, verification, rejection sampling) compile their kernels
+        # on first use: a few steps here, not 1 s more on a user's first request (measured with DFlash).
+        sampling = SamplingParams(max_tokens=1)
+        if self.engine_args.get("speculative_config"):
+            n = WARM_UP_SPECULATIVE_TOKENS
+            sampling = SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, loop_guard=False)
+        request = EngineRequest("hyocr-warm-up", Task.TEXT, "warm-up", (page,), sampling=sampling)
         async for _ in self.generate(request):
             pass
         log.info("vLLM warm-up request done in %.1fs", time.perf_counter() - started)
