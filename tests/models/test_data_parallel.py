@@ -49,18 +49,18 @@ def _gauge(url: str, name: str) -> float | None:
 
 @pytest.fixture
 def server(tiny_checkpoint, vllm_cpu_environment, tmp_path):
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "server.log", "w")
     command = [sys.executable, "-m", "hyocr", "serve", "--engine", "vllm", "--model", str(tiny_checkpoint),
                "--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "4", "--trust-remote-code",
                "--data-parallel-size", "2", "--port", str(port), "--log-format", "text", "--no-ui",
-               "--public-metrics"]
+               "--public-metrics", "--metrics-port", str(metrics_port)]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                             start_new_session=True)
     try:
         wait_ready(proc, url, timeout=600)
-        yield proc, url
+        yield proc, url, f"http://127.0.0.1:{metrics_port}"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -72,7 +72,7 @@ def server(tiny_checkpoint, vllm_cpu_environment, tmp_path):
 
 
 def test_two_engine_cores_serve_share_the_load_and_a_dead_one_is_restarted(server):
-    proc, url = server
+    proc, url, metrics_url = server
     ready = httpx.get(url + "/ready", timeout=10).json()
     assert [(r["id"], r["alive"]) for r in ready["replicas"]] == [("0", True), ("1", True)]
     card_ = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["hyocr"]
@@ -85,6 +85,7 @@ def test_two_engine_cores_serve_share_the_load_and_a_dead_one_is_restarted(serve
     assert [a.status_code for a in answers] == [200] * 16, [a.text[:200] for a in answers if a.status_code != 200]
     served = {core: n - before.get(core, 0.0) for core, n in _served_by_core(url).items()}
     assert sum(served.values()) == 16 and served.get("0", 0) > 0 and served.get("1", 0) > 0, served
+    assert _served_by_core(metrics_url) == _served_by_core(url)  # the private metrics port has vLLM's too
 
     # One core killed: /ready fails at once and names it; the supervisor restarts the engine with both cores.
     core_1 = next(r for r in ready["replicas"] if r["id"] == "1")

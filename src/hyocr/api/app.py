@@ -1,7 +1,8 @@
 """build_app: the one factory that wires settings, engine, service, routes and middleware.
 
-Tests build the same app the CLI serves. The engine is started in the lifespan (so a server
-answers /health while a large model loads) and stopped at shutdown.
+Tests build the same app the CLI serves. The engine is started in the lifespan and stopped at shutdown:
+uvicorn listens once it has started (a load balancer or Kubernetes startup probe sees connections refused
+while a large model loads, then /ready 200), and a start that fails ends the server with exit status 3.
 """
 
 from __future__ import annotations

@@ -83,6 +83,8 @@ class Metrics:
         self.gpu = GpuCollector.create()
         if self.gpu is not None and not self.shared:
             r.register(self.gpu)
+        if service is not None and service.engine.info.name == "vllm" and not self.shared:
+            r.register(VllmFamilies())  # on /metrics and on METRICS_PORT alike
 
     @property
     def shared(self) -> bool:
@@ -147,6 +149,19 @@ class Metrics:
             self.grammar_cache.labels(stats["grammar_cache"]).inc()
         if "grammar_compile_ms" in stats:
             self.grammar_compile.observe(stats["grammar_compile_ms"] / 1000)
+
+
+class VllmFamilies:
+    """vLLM's own statistics (KV-cache usage, running and waiting sequences, per engine core), which vLLM
+    keeps in this process's global registry: its ``vllm:*`` families, read at scrape time. (With several API
+    processes they are in the shared multiprocess files instead.)"""
+
+    def collect(self):
+        from prometheus_client import REGISTRY
+
+        for family in REGISTRY.collect():
+            if family.name.startswith("vllm:"):
+                yield family
 
 
 class GpuCollector:

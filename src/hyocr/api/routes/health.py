@@ -38,13 +38,7 @@ async def ready(request: Request) -> JSONResponse:
 
 @router.get("/metrics", summary="Prometheus metrics (HYOCR_PUBLIC_METRICS=true to scrape without a key)")
 async def metrics(request: Request) -> Response:
-    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    metrics = request.app.state.metrics
-    body = generate_latest(metrics.scrape_registry())
-    if service_of(request).engine.info.name == "vllm" and not metrics.shared:
-        # vLLM's own statistics (KV-cache usage, running and waiting sequences) live in the global
-        # registry of this process: expose its vllm:* families beside hyocr's.
-        body += b"".join(line + b"\n" for line in generate_latest(REGISTRY).splitlines()
-                         if b"vllm:" in line)
+    body = generate_latest(request.app.state.metrics.scrape_registry())  # vLLM's vllm:* families included
     return Response(body, media_type=CONTENT_TYPE_LATEST)
