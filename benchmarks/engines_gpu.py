@@ -56,6 +56,8 @@ VARIANTS = {
     # speculation that is always wrong, and that the output is unchanged
     # vLLM data parallelism: two engine cores (on one GPU only if vLLM places both there; issue 21 measures 2-8)
     "dp2": "--data-parallel-size 2",
+    # Ray Serve: the API as the Serve ingress, the engine as one GPU replica (the cost of the Ray hop)
+    "ray1": "--ray --ray-replicas 1",
     "dflash": '--speculative-config {"method":"dflash","model":"/tmp/dflash-random","num_speculative_tokens":15}',
 }
 # Output tokens a request: "150" for every workload, or per workload, e.g. "card=150 a4=1000" (a document

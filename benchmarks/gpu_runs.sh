@@ -17,11 +17,13 @@
 #               overhead of the path and its correctness), cards and A4 (WORKLOADS), c=1 and 32
 #       dp      hyocr vLLM with DATA_PARALLEL_SIZE=2 (VARIANT dp2) beside the default, cards at c=64 (on one GPU:
 #               does vLLM place two cores on it?)
+#       rayserve hyocr vLLM in one process vs as a Ray Serve application with one GPU replica (VARIANT ray1),
+#               cards at c=1 and 64; Ray's wheels carried in .stage/c3a (staged to /tmp/stage3) and .stage/c3b
 #       tcost   one decode step of the transformers engine's RunningBatch: ms/step by rows, padded or not,
 #               sdpa vs eager, with torch.profiler's top ops (benchmarks/transformers_step_cost.py)
 # Each step writes bench JSON (+ .gpu.csv traces, server logs) to DIR; copy the JSON to benchmarks/results/.
 set -uo pipefail
-step=${1:?step: vit | diag | hyocr | variants | raw | transformers | serve | hfgen | tsplit | tcost | dflash | dp}
+step=${1:?step: vit | diag | hyocr | variants | raw | transformers | serve | hfgen | tsplit | tcost | dflash | dp | rayserve}
 out=${2:?output directory}
 mkdir -p "$out"
 # An A4 page takes ~4x a card: two requests per stream keep its levels near half a minute.
@@ -85,6 +87,14 @@ case "$step" in
   dp)
     HYOCR_BENCH_CONCURRENCY=${CONCURRENCY:-64} HYOCR_BENCH_WORKLOAD=${WORKLOADS:-card} \
       python3 benchmarks/engines_gpu.py "$out" hyocr-vllm+dp2 ;;
+  rayserve)
+    if [ ! -d /tmp/ray-site/ray ]; then  # Ray's wheel is split over the two carries (64 MiB a call)
+      name=$(basename "$(ls /tmp/stage3/*.part00 | head -1)" .part00)
+      cat /tmp/stage3/"$name".part* .stage/c3b/"$name".part* > /tmp/"$name"
+      python3 -m pip install -q --no-index --no-deps --target /tmp/ray-site /tmp/"$name" .stage/c3b/*.whl
+    fi
+    PYTHONPATH="$PYTHONPATH:/tmp/ray-site" RAY_USAGE_STATS_ENABLED=0 HYOCR_BENCH_CONCURRENCY=${CONCURRENCY:-1,64} \
+      HYOCR_BENCH_WORKLOAD=${WORKLOADS:-card} python3 benchmarks/engines_gpu.py "$out" hyocr-vllm hyocr-vllm+ray1 ;;
   tcost)
     python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import engines_gpu; engines_gpu.build_checkpoint()"
     python3 benchmarks/transformers_step_cost.py /tmp/hunyuanocr-1.0-random "$out/transformers-step-cost.json" \
