@@ -102,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--poll", type=float, default=1.0, help="--url: seconds between looks at a job")
     batch.add_argument("--max-retries", dest="max_retries", type=int, default=2,
                        help="a failed document is read again by a rerun, up to 1 + this many attempts in all")
-    batch.add_argument("--workers", type=int, default=2, help="documents read at once")
+    batch.add_argument("--workers", type=int, default=2, help="documents read at once (in-process)")
+    batch.add_argument("--table", choices=["jsonl", "parquet"],
+                       help="also write DIR/pages.jsonl or DIR/pages.parquet: a row a page of every document done")
     _settings_flags(batch, skip=LOCAL_SKIP)
 
     bench = sub.add_parser(

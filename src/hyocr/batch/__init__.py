@@ -1,9 +1,11 @@
 """``hyocr batch INPUT... --output DIR``: many documents read into a folder, resumably and exactly once.
 
-``plan`` expands INPUTs (files, folders, globs, ``.jsonl`` manifests) into documents with stable output
-names; ``state`` keeps ``DIR/.hyocr-batch.jsonl`` and decides, on a rerun, what is skipped (done, same
-content, same options, output present), retried (failed, attempts left) or re-attached (a job submitted by
-an interrupted run); ``readers`` read a document in-process or as a job (``--url``); ``run`` runs the plan.
+``plan`` expands INPUTs (files, folders, globs, ``.jsonl`` manifests, object-store URIs: ``sources``) into
+documents with stable output names; ``state`` keeps ``DIR/.hyocr-batch.jsonl`` and decides, on a rerun,
+what is skipped (done, same content, same options, output present), retried (failed, attempts left) or
+re-attached (a job submitted by an interrupted run); ``readers`` read a document in-process or as a job
+(``--url``); ``run`` runs the plan. With ``--ray`` the plan runs as a Ray Data pipeline (hyocr/ray/data.py)
+that writes the same outputs, state lines and summary, so either resumes the other's work.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from typing import Any
 
 from ..config import Settings
 from .plan import PlanError, expand
+from .run import Batch
 from .state import StateFile, clean_temps
+from .table import require as require_table
+from .table import write_table
 
 OPTIONS = ("task", "fields", "language", "question", "pages", "prefer_text_layer")
 
@@ -40,6 +45,13 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
 
             for task in {d.options(defaults).get("task") or "spotting" for d in docs}:
                 parse_task(task)
+        table = getattr(args, "table", None)
+        require_table(table)
+        on_ray = settings.ray and not args.url  # --url: the server reads, however it is scaled
+        if on_ray:
+            from ..ray.data import require_ray
+
+            require_ray()
         out_dir.mkdir(parents=True, exist_ok=True)
         state = StateFile(out_dir)
     except (PlanError, RuntimeError, OSError) as exc:
@@ -48,25 +60,41 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     except HyocrError as exc:
         print(f"hyocr: {exc.message}", file=sys.stderr)
         return 2
+    batch = Batch(docs, out_dir, None, defaults, workers=args.workers, max_attempts=1 + args.max_retries)
     try:
         clean_temps(out_dir)
-        summary = asyncio.run(_run(args, settings, docs, state, defaults))
+        if on_ray:
+            summary = _run_on_ray(batch, state, settings)
+            if summary is None:
+                return 2
+        else:
+            summary = asyncio.run(_run(args, settings, batch, state))
     finally:
         state.close()
     counts = summary["documents"]
     for item in summary["items"]:
         if item["status"] == "failed":
             print(f"hyocr: {item['path']}: {item['error']}", file=sys.stderr)
+    written = [out_dir / "summary.json"] + ([write_table(out_dir, summary, table)] if table else [])
     print(f"{counts['done']}/{counts['total']} documents done ({counts['resumed']} from an earlier run), "
-          f"{counts['failed']} failed, {summary['pages']['total']} pages; {out_dir / 'summary.json'}",
+          f"{counts['failed']} failed, {summary['pages']['total']} pages; {', '.join(map(str, written))}",
           file=sys.stderr)
     return 1 if counts["failed"] or counts["done"] < counts["total"] else 0
 
 
-async def _run(args: argparse.Namespace, settings: Settings, docs: list, state: StateFile,
-               defaults: dict[str, Any]) -> dict[str, Any]:
-    from .run import Batch
+def _run_on_ray(batch: Batch, state: StateFile, settings: Settings) -> dict[str, Any] | None:
+    """The Ray Data pipeline (hyocr/ray/data.py); None when it could not start (its error printed)."""
+    from ..config import SettingsError
+    from ..ray.data import run_batch
 
+    try:
+        return run_batch(batch, state, settings)
+    except (SettingsError, ConnectionError) as exc:  # the engine, or the cluster at ray_address
+        print(f"hyocr: {exc}", file=sys.stderr)
+        return None
+
+
+async def _run(args: argparse.Namespace, settings: Settings, batch: Batch, state: StateFile) -> dict[str, Any]:
     async with contextlib.AsyncExitStack() as stack:
         if args.url:
             from ..client import AsyncHyocrClient
@@ -75,12 +103,10 @@ async def _run(args: argparse.Namespace, settings: Settings, docs: list, state: 
             key = args.api_key or os.environ.get("HYOCR_CLIENT_API_KEY")
             client = AsyncHyocrClient(args.url, api_key=key, timeout=args.timeout or 60.0)
             stack.push_async_callback(client.aclose)
-            reader: Any = RemoteReader(client, poll=args.poll)
+            batch.reader = RemoteReader(client, poll=args.poll)
         else:
             from .local import local_service
             from .readers import LocalReader
 
-            reader = LocalReader(await stack.enter_async_context(local_service(settings)))
-        batch = Batch(docs, args.output, reader, defaults, workers=args.workers,
-                      max_attempts=1 + args.max_retries)
+            batch.reader = LocalReader(await stack.enter_async_context(local_service(settings)))
         return await batch.run(state)

@@ -1,5 +1,6 @@
-"""What a batch reads: INPUTs (files, folders, globs, ``.jsonl`` manifests) expanded to documents, each
-with a stable key and output name, and the options it is read with. No I/O beyond listing and sniffing."""
+"""What a batch reads: INPUTs (files, folders, globs, ``.jsonl`` manifests, object-store URIs) expanded to
+documents, each with a stable key and output name, and the options it is read with. No I/O beyond listing
+and sniffing."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .sources import is_uri
 
 # Read from folders (and from globs that match folders): these extensions, or these first bytes.
 DOCUMENT_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".tif", ".tiff", ".bmp", ".jp2",
@@ -28,17 +31,29 @@ class PlanError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Document:
-    path: Path  # absolute
+    path: Path  # absolute; for a URI, the object's path in its filesystem (bucket/key)
     rel: str  # the path relative to its INPUT's root (a folder, a glob's fixed part, a manifest's folder)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # a manifest line's options
+    uri: str | None = None  # s3://, gs://, file://: listed and read through pyarrow.fs (sources.py)
+
+    @property
+    def source(self) -> str:
+        """Where it is read from: its absolute path, or its URI."""
+        return self.uri or str(self.path)
 
     @property
     def key(self) -> str:
-        """Names the document in the state file: its absolute path, and its own options if it has any (so a
+        """Names the document in the state file: its source, and its own options if it has any (so a
         manifest may list one file twice with different tasks)."""
         if not self.overrides:
-            return str(self.path)
-        return f"{self.path}?{json.dumps(dict(self.overrides), sort_keys=True, ensure_ascii=False)}"
+            return self.source
+        return f"{self.source}?{json.dumps(dict(self.overrides), sort_keys=True, ensure_ascii=False)}"
+
+    def read(self) -> bytes:
+        """Its bytes. Raises OSError when it cannot be read."""
+        from .sources import read_source
+
+        return read_source(self.source)
 
     @property
     def name(self) -> str:
@@ -59,14 +74,23 @@ def options_fingerprint(options: Mapping[str, Any]) -> str:
 
 def is_document(path: Path) -> bool:
     """An image or a PDF, by its extension or else its first bytes."""
-    if path.suffix.lower() in DOCUMENT_EXTENSIONS:
+    return looks_like_document(path.name, lambda: _head(path))
+
+
+def _head(path: Path) -> bytes:
+    with path.open("rb") as f:
+        return f.read(16)
+
+
+def looks_like_document(name: str, head: Callable[[], bytes]) -> bool:
+    """``is_document`` for a file or an object: ``head`` reads its first bytes (only without an extension)."""
+    if Path(name).suffix.lower() in DOCUMENT_EXTENSIONS:
         return True
     try:
-        with path.open("rb") as f:
-            head = f.read(16)
+        first = head()
     except OSError:
         return False
-    return head.startswith(_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
+    return first.startswith(_MAGIC) or (first[:4] == b"RIFF" and first[8:12] == b"WEBP")
 
 
 def expand(inputs: Iterable[str | Path], *, exclude: Path | None = None) -> list[Document]:
@@ -83,6 +107,9 @@ def expand(inputs: Iterable[str | Path], *, exclude: Path | None = None) -> list
 
 
 def _expand_one(given: str, overrides: Mapping[str, Any]) -> Iterable[Document]:
+    if is_uri(given):
+        yield from _objects(given, overrides)
+        return
     path = Path(given).expanduser()
     if path.is_file() and path.suffix.lower() == ".jsonl" and not overrides:
         yield from _manifest(path)
@@ -112,6 +139,18 @@ def _folder(folder: Path, overrides: Mapping[str, Any], root: Path | None = None
             path = Path(dirpath) / name
             if not name.startswith(".") and path.is_file() and is_document(path):
                 yield Document(path.resolve(), _rel(path, root), overrides)
+
+
+def _objects(uri: str, overrides: Mapping[str, Any]) -> Iterable[Document]:
+    """The object a URI names, or the documents below it as a folder's (no globs: list a prefix)."""
+    from .sources import SourceError, list_uri
+
+    try:
+        found = list(list_uri(uri, looks_like_document))
+    except SourceError as exc:
+        raise PlanError(str(exc)) from None
+    for object_uri, rel in found:
+        yield Document(Path(object_uri.partition("://")[2]), rel, overrides, uri=object_uri)
 
 
 def _glob_root(pattern: str) -> Path:
@@ -152,6 +191,9 @@ def _manifest(manifest: Path) -> Iterable[Document]:
         if unknown := set(entry) - {"path", *OPTION_KEYS}:
             raise PlanError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         overrides = {k: v for k, v in entry.items() if k != "path" and v is not None}
+        if is_uri(entry["path"]):
+            yield from _expand_one(entry["path"], overrides)
+            continue
         target = Path(entry["path"]).expanduser()
         target = target if target.is_absolute() else base / target
         if not target.exists() and not glob.has_magic(str(target)):

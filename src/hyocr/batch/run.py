@@ -4,10 +4,11 @@ a tqdm bar on stderr, and ``summary.json`` at the end."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,34 @@ class Item:
 
 
 @dataclass(slots=True)
+class Attempt:
+    """A document this run reads: what its state lines record (content, options, attempt, output name)."""
+
+    doc: Document
+    item: Item
+    options: dict[str, Any]
+    sha256: str
+    fingerprint: str
+    decision: Decision
+
+    def record(self, state: StateFile, status: str, **extra: Any) -> None:
+        state.append(Record(self.doc.key, self.sha256, self.fingerprint, status,  # type: ignore[arg-type]
+                            self.decision.attempt, self.decision.output, **{"job_id": self.item.job_id, **extra}))
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.decision.idempotency_key(self.doc.key, self.sha256, self.fingerprint)
+
+
+@dataclass(slots=True)
 class Batch:
+    """The documents of one run, their outcomes, the progress bar and the summary. ``run`` reads them with
+    ``reader`` (in this process, or as jobs); the Ray pipeline (hyocr/ray/data.py) drives ``begin``,
+    ``done`` and ``failed`` itself, so both write the same outputs, state lines and summary."""
+
     docs: list[Document]
     out_dir: Path
-    reader: Reader
+    reader: Reader | None
     defaults: Mapping[str, Any]  # the command line's options; a manifest line's override them
     workers: int = 2
     max_attempts: int = 3
@@ -48,61 +73,92 @@ class Batch:
     bar: Any = None
 
     async def run(self, state: StateFile) -> dict[str, Any]:
+        gate = asyncio.Semaphore(self.workers)
+
+        async def guarded(doc: Document) -> None:
+            async with gate:
+                await self.one(doc, state)
+
+        with self.progress():
+            await asyncio.gather(*(guarded(d) for d in self.docs))
+        return self.finish()
+
+    @contextlib.contextmanager
+    def progress(self) -> Iterator[None]:
+        """A bar of documents on stderr (pages and pages/s beside it) while the run lasts."""
         from tqdm import tqdm
 
-        self.items = {d.key: Item(str(d.path), d.name) for d in self.docs}
-        gate = asyncio.Semaphore(self.workers)
+        self.items = {d.key: Item(d.source, d.name) for d in self.docs}
         self.bar = tqdm(total=len(self.docs), unit="doc", desc="hyocr batch", file=sys.stderr, disable=None,
                         dynamic_ncols=True)
         try:
-            async def guarded(doc: Document) -> None:
-                async with gate:
-                    await self.one(doc, state)
-            await asyncio.gather(*(guarded(d) for d in self.docs))
+            yield
         finally:
             self.bar.close()
-        summary = self.summary()
+
+    def finish(self, **extra: Any) -> dict[str, Any]:
+        """The summary (``extra``: keys of a pipeline's own, such as the Ray workers), written to DIR."""
+        summary = {**self.summary(), **extra}
         write_atomic(self.out_dir / SUMMARY, summary)
         return summary
 
     async def one(self, doc: Document, state: StateFile) -> None:
+        assert self.reader is not None
+        try:
+            data = await asyncio.to_thread(doc.read)
+        except OSError as exc:
+            return self.unreadable(doc, exc)
+        attempt = self.begin(doc, state, hashlib.sha256(data).hexdigest())
+        if attempt is None:
+            return
+        item = attempt.item
+
+        def submitted(job_id: str) -> None:
+            item.job_id = job_id
+            if job_id != attempt.decision.job_id:  # a new job (a re-attached one is recorded already)
+                attempt.record(state, "submitted")  # before waiting: an interrupted run's rerun re-attaches
+
+        ticket = Ticket(doc.source, attempt.idempotency_key, attempt.decision.job_id, self.page_read, submitted)
+        try:
+            body = await self.reader.read(data, attempt.options, ticket)
+        except ReadFailed as exc:
+            return self.failed(attempt, state, str(exc))
+        self.done(attempt, state, body)
+
+    def unreadable(self, doc: Document, exc: OSError) -> None:
+        """Its bytes could not be read: nothing was, so it is no attempt."""
+        item = self.items[doc.key]
+        item.status, item.error = "failed", exc.strerror or str(exc)
+        self._advance()
+
+    def begin(self, doc: Document, state: StateFile, sha256: str) -> Attempt | None:
+        """What this run does with ``doc`` (its content's hash given): an attempt to read it, or None when it
+        is done already or out of attempts (settled here)."""
         item = self.items[doc.key]
         options = doc.options(self.defaults)
-        try:
-            data = await asyncio.to_thread(doc.path.read_bytes)
-        except OSError as exc:
-            item.status, item.error = "failed", exc.strerror or str(exc)  # nothing read: not an attempt
-            return self._advance()
-        sha, fingerprint = hashlib.sha256(data).hexdigest(), options_fingerprint(options)
-        decision = decide(state.records.get(doc.key), name=doc.name, sha256=sha, options=fingerprint,
+        fingerprint = options_fingerprint(options)
+        decision = decide(state.records.get(doc.key), name=doc.name, sha256=sha256, options=fingerprint,
                           out_dir=self.out_dir, max_attempts=self.max_attempts)
         item.output, item.attempts, item.job_id = decision.output, decision.attempt, decision.job_id
         if decision.action != "read":
             self._settled(item, decision)
-            return self._advance()
+            self._advance()
+            return None
+        return Attempt(doc, item, options, sha256, fingerprint, decision)
 
-        def record(status: str, **extra: Any) -> None:
-            state.append(Record(doc.key, sha, fingerprint, status, decision.attempt,  # type: ignore[arg-type]
-                                decision.output, **{"job_id": item.job_id, **extra}))
+    def failed(self, attempt: Attempt, state: StateFile, error: str) -> None:
+        attempt.item.status, attempt.item.error = "failed", error
+        attempt.record(state, "failed", error=error)
+        self._advance()
 
-        def submitted(job_id: str) -> None:
-            item.job_id = job_id
-            if job_id != decision.job_id:  # a new job (a re-attached one is recorded already)
-                record("submitted")  # before waiting: an interrupted run's rerun re-attaches to it
-
-        ticket = Ticket(str(doc.path), decision.idempotency_key(doc.key, sha, fingerprint), decision.job_id,
-                        self._page, submitted)
-        try:
-            body = await self.reader.read(data, options, ticket)
-        except ReadFailed as exc:
-            item.status, item.error = "failed", str(exc)
-            record("failed", error=str(exc))
-            return self._advance()
-        write_atomic(self.out_dir / decision.output, body)  # whole, then recorded: a rerun rewrites it
+    def done(self, attempt: Attempt, state: StateFile, body: dict[str, Any]) -> None:
+        """Its output written whole, then recorded: a run interrupted between the two rewrites it."""
+        write_atomic(self.out_dir / attempt.decision.output, body)
         pages = body.get("pages") or []
+        item = attempt.item
         item.status, item.pages = "done", len(pages)
         item.failed_pages = sum(1 for p in pages if p.get("finish_reason") == "error")
-        record("done", pages=len(pages))
+        attempt.record(state, "done", pages=len(pages))
         self._advance()
 
     def _settled(self, item: Item, decision: Decision) -> None:
@@ -112,7 +168,7 @@ class Batch:
         elif record is not None:
             item.status, item.error = "failed", record.error
 
-    def _page(self) -> None:
+    def page_read(self) -> None:
         self.pages_read += 1
         self._postfix()
 

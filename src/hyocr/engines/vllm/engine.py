@@ -47,6 +47,7 @@ from .args import (
     vllm_engine_args,
 )
 from .compat import apply_version_workarounds, hunyuan_backend
+from .shared_core import alive
 from .tuning import (
     VISION_ENCODER_ENV,
     device_memory_bytes,
@@ -285,6 +286,9 @@ class VllmEngine(SharedEngine):
         """The data-parallel engine cores (DATA_PARALLEL_SIZE > 1), each alive or not, as vLLM started them."""
         if self.engine is None or self.engine_args.get("data_parallel_size", 1) <= 1:
             return []
+        if self.shared_core is not None:  # one of several API processes: the parent's cores, by pid
+            return [Replica(str(rank), alive(pid), {"pid": pid})
+                    for rank, pid in enumerate(self.shared_core.engine_pids)]
         return [Replica(str(rank), proc.is_alive(), {"pid": proc.pid, "process": proc.name})
                 for rank, proc in enumerate(compat.core_processes(self.engine))]
 

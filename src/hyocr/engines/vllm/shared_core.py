@@ -108,7 +108,7 @@ def wait_for_any_exit(pids: tuple[int, ...]) -> None:
     try:
         fds = [os.pidfd_open(pid) for pid in pids]
     except (AttributeError, OSError):  # no pidfd support, or a process already gone
-        while all(_alive(pid) for pid in pids):
+        while all(alive(pid) for pid in pids):
             time.sleep(0.25)
         return
     try:
@@ -118,7 +118,7 @@ def wait_for_any_exit(pids: tuple[int, ...]) -> None:
             os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -1,0 +1,76 @@
+"""``--table jsonl|parquet``: the corpus as one table, a row a page of every document done (this run's and
+earlier runs'), written from the outputs at the end of a run: ``DIR/pages.jsonl`` or ``DIR/pages.parquet``.
+
+JSONL keeps a page's blocks and fields as they are in its document's output; Parquet has one schema for
+every row, so there they are JSON text (``json.loads`` them), as the fields differ from task to task."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from .state import TEMP_PREFIX
+
+FORMATS = ("jsonl", "parquet")
+ROWS_PER_GROUP = 4096  # Parquet row groups: a few thousand pages at a time in memory
+COLUMNS = (("document", "string"), ("output", "string"), ("page", "int32"), ("width", "int32"),
+           ("height", "int32"), ("text", "string"), ("finish_reason", "string"), ("error", "string"),
+           ("dpi", "int32"), ("source", "string"), ("markdown", "string"), ("blocks", "string"),
+           ("fields", "string"))
+
+
+def require(fmt: str | None) -> None:
+    """Before the run: the format's writer is there."""
+    if fmt == "parquet":
+        try:
+            import pyarrow.parquet  # noqa: F401
+        except ImportError:
+            raise RuntimeError('--table parquet needs pyarrow: pip install pyarrow (or "hyocr[ray]")') from None
+
+
+def write_table(out_dir: Path, summary: Mapping[str, Any], fmt: str) -> Path:
+    """The table of the summary's done documents, written whole (a temp file, then renamed)."""
+    path = out_dir / f"pages.{fmt}"
+    temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
+    rows = page_rows(out_dir, summary["items"])
+    (_write_parquet if fmt == "parquet" else _write_jsonl)(temp, rows)
+    os.replace(temp, path)
+    return path
+
+
+def page_rows(out_dir: Path, items: list[Mapping[str, Any]]) -> Iterator[dict[str, Any]]:
+    for item in items:
+        if item["status"] != "done":
+            continue
+        body = json.loads((out_dir / item["output"]).read_text(encoding="utf-8"))
+        for page in body.get("pages") or []:
+            yield {"document": item["path"], "output": item["output"], "page": page.get("index"),
+                   **{k: page.get(k) for k, _ in COLUMNS[3:-2]},
+                   "blocks": page.get("blocks") or [], "fields": page.get("fields")}
+
+
+def _write_jsonl(path: Path, rows: Iterator[dict[str, Any]]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_parquet(path: Path, rows: Iterator[dict[str, Any]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([(name, getattr(pa, kind)()) for name, kind in COLUMNS])
+    with pq.ParquetWriter(path, schema) as writer:
+        group: list[dict[str, Any]] = []
+        for row in rows:
+            group.append({**row, "blocks": json.dumps(row["blocks"], ensure_ascii=False),
+                          "fields": None if row["fields"] is None else json.dumps(row["fields"], ensure_ascii=False)})
+            if len(group) == ROWS_PER_GROUP:
+                writer.write_table(pa.Table.from_pylist(group, schema))
+                group = []
+        writer.write_table(pa.Table.from_pylist(group, schema))
