@@ -1,14 +1,17 @@
-"""``hyocr batch --ray``: the batch as a Ray Data pipeline, for corpora larger than one machine reads.
+"""``hyocr batch --ray``: the batch as a Ray Data pipeline, for corpora larger than one machine reads. This
+module is its entry point (``run_batch``) and the driver's side: connecting to the cluster (and shutting
+down one started here), assembling the pipeline, and the documents arriving and being written
+(``document_body``). The render tasks are in ``pages``, the engine actors in ``reader``.
 
     documents still to read (the state file decides, as in-process: hyocr/batch/)
       -> a dataset of them (sources, content hashes, options; never the bytes)
-      -> render tasks: each file read (a local path, or a URI through pyarrow.fs); a PDF rendered by the
-         PdfRenderer with the RenderPlan the in-process service makes for this engine, so the pixels are
-         the same; one row a page (an image file is one page, decoded by the engine actor)
-      -> engine actors (``map_batches`` with a callable class, an actor pool of ``ray_replicas``, each with
-         ``ray_gpus`` GPUs and ``ray_cpus_per_replica`` CPUs): one engine and one OcrService each, built from
-         the batch's settings; the rows of a batch read concurrently on the actor's event loop, so a
-         continuously batching engine (vLLM) is fed
+      -> render tasks (pages.py): each file read (a local path, or a URI through pyarrow.fs); a PDF
+         rendered by the PdfRenderer with the RenderPlan the in-process service makes for this engine, so
+         the pixels are the same; one row a page (an image file is one page, decoded by the engine actor)
+      -> engine actors (reader.py; ``map_batches`` with a callable class, an actor pool of ``ray_replicas``,
+         each with ``ray_gpus`` GPUs and ``ray_cpus_per_replica`` CPUs): one engine and one OcrService each,
+         built from the batch's settings; the rows of a batch read concurrently on the actor's event loop,
+         so a continuously batching engine (vLLM) is fed
       -> the driver: each document's pages in page order into the /v1/ocr body the in-process batch writes,
          written whole and recorded (an interrupted run resumes document by document), pages/s per worker
 
@@ -25,12 +28,12 @@ outputs, and parse the text into lines, boxes, markdown or fields; a second prom
 page into different text. So this pipeline keeps its shape (an actor pool with the engine's GPUs, fed many
 requests at once) and runs hyocr's own engine inside it: vLLM's AsyncLLM for ``--engine vllm``.
 
-Ray is optional (``pip install "hyocr[ray]"``) and only imported here, inside functions.
+Ray is optional (``pip install "hyocr[ray]"``) and only imported inside functions (here, in ``pages`` and
+in ``reader``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import hashlib
@@ -40,25 +43,23 @@ import math
 import os
 import pickle
 import sys
-import threading
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
+
+from .pages import public_message, render_document
+from .reader import PageReader
 
 if TYPE_CHECKING:
     from ..batch.run import Attempt, Batch
     from ..batch.state import StateFile
     from ..config import Settings
-    from ..errors import HyocrError
-    from ..pipeline.pdf import RenderPlan
-    from ..types import PageImage, PageResult, Task
-
-log = logging.getLogger("hyocr.ray")
+    from ..types import Task
+    from .reader import PageOutcome
 
 PAGES_PER_CALL = 16  # at most, rows an engine actor gets at once (map_batches' batch_size)
 # Waiting for every engine actor to start (a model loaded, downloaded first, a GPU node added by the
@@ -67,7 +68,6 @@ PAGES_PER_CALL = 16  # at most, rows an engine actor gets at once (map_batches' 
 ACTORS_START_S = 1800
 HASHING_THREADS = 8  # the driver reads files (or objects) to hash them: I/O, several at a time
 ENGINE_SECRETS = ("upstream_key",)  # the only secret an engine actor needs (--engine openai)
-PLACEHOLDER = b"%PDF-1.7 hyocr: rendered by a Ray task, page "
 
 
 class RayMissing(RuntimeError):
@@ -79,9 +79,6 @@ def require_ray() -> None:
 
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.data") is None:
         raise RayMissing('--ray needs Ray Data: pip install "hyocr[ray]"')
-
-
-# ===================================================================== the driver
 
 
 @dataclass(slots=True)
@@ -317,252 +314,3 @@ def document_body(outcomes: list[PageOutcome], render_ms: float) -> dict[str, An
                        requested_task=first.requested_task, pages=tuple(o.page for o in outcomes),  # type: ignore[misc]
                        usage=usage, timings={k: round(v, 2) for k, v in timings.items()})
     return ocr_body(result)
-
-
-def public_message(exc: HyocrError) -> str:
-    """What a failed document's line says (as the in-process reader says it)."""
-    return exc.message if exc.public else "internal error"
-
-
-# ===================================================================== render tasks
-
-
-_RENDERER: Any = None  # one PdfRenderer per task process: its PDFium worker is started once, then reused
-
-
-def _renderer(pdf: Mapping[str, Any]) -> Any:
-    global _RENDERER
-    from ..pipeline.pdf import PdfRenderer
-
-    if _RENDERER is None:
-        _RENDERER = PdfRenderer(**pdf)
-    return _RENDERER
-
-
-def render_document(row: dict[str, Any], *, plan: RenderPlan, limits: Any, max_pages: int,
-                    pdf: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A document's rows: one a page (an image file is one page: its bytes), or one saying why it failed."""
-    from ..batch.sources import read_source
-    from ..errors import HyocrError
-    from ..pipeline.media import check_pdf_size
-
-    try:
-        data = read_source(row["source"])
-    except OSError as exc:
-        return [_failure(row, exc.strerror or str(exc))]
-    if hashlib.sha256(data).hexdigest() != row["sha256"]:
-        return [_failure(row, "the file changed while the batch ran; run the batch again")]
-    if not row["pdf"]:  # decoded by the engine actor's service, as in-process
-        return [_page_row(row, 0, 1, data, 0.0)]
-    started = time.perf_counter()
-    try:  # as PageLoader._pdf_pages: the size checked, then the plan with this document's pages
-        check_pdf_size(data, limits, param=row["source"])
-        how = replace(plan, pages=row["pages"], max_pages=max_pages, text_layer=row["text_layer"])
-        document = asyncio.run(_renderer(pdf).render(data, how, param=row["source"]))
-    except HyocrError as exc:
-        return [_failure(row, public_message(exc))]
-    render_ms = (time.perf_counter() - started) * 1000
-    pages = document.pages
-    if not pages:  # in-process this reads as a body without pages; here it has no page to carry its read
-        return [_failure(row, "the PDF has no pages")]
-    return [_page_row(row, n, len(pages), pickle.dumps(Rendered(page, document.page_count)),
-                      render_ms if n == 0 else 0.0) for n, page in enumerate(pages)]
-
-
-@dataclass(frozen=True, slots=True)
-class Rendered:
-    """A rendered PDF page on its way to an engine actor (PIL images pickle with their pixels)."""
-
-    page: PageImage
-    page_count: int  # pages in the whole document
-
-
-def _page_row(row: dict[str, Any], position: int, total: int, payload: bytes, render_ms: float) -> dict[str, Any]:
-    return {"key": row["key"], "source": row["source"], "options": row["options"], "pdf": row["pdf"],
-            "position": position, "total": total, "payload": payload, "render_ms": render_ms, "error": None}
-
-
-def _failure(row: dict[str, Any], error: str) -> dict[str, Any]:
-    return {**_page_row(row, 0, 0, b"", 0.0), "error": error}
-
-
-# ===================================================================== engine actors
-
-
-@dataclass(frozen=True, slots=True)
-class PageOutcome:
-    """What an engine actor made of one page: the page (read, or an error page in a document of several),
-    or the error that fails its document; and what the document's body says about the read."""
-
-    page: PageResult | None
-    error: str | None
-    task: Task | None = None
-    requested_task: Task | None = None
-    model: str = ""
-    engine: str = ""
-    timings: dict[str, float] = field(default_factory=dict)
-
-
-class RenderedPages:
-    """The engine actor's PDF renderer: pages arrive rendered (by the render tasks, with the renderer and
-    plan the service would have used), each as a one-page PDF for the service to read; ``render`` hands
-    back the page a read's placeholder bytes name. So the service's PDF path runs unchanged after it."""
-
-    def __init__(self) -> None:
-        self._held: dict[bytes, Any] = {}
-
-    def hold(self, rendered: Rendered) -> bytes:
-        from ..pipeline.pdf import RenderedDocument
-
-        token = PLACEHOLDER + uuid.uuid4().hex.encode()
-        self._held[token] = RenderedDocument(rendered.page_count, (rendered.page,))
-        return token
-
-    async def render(self, data: bytes, plan: Any, *, param: str | None = None) -> Any:
-        return self._held.pop(data)
-
-    def release(self, token: bytes) -> None:
-        """A read that ended before its page was taken (refused, say)."""
-        self._held.pop(token, None)
-
-    def close(self) -> None:
-        self._held.clear()
-
-
-class Meter:
-    """An actor's pages and the time it had at least one in flight (its pages/s), on its event loop."""
-
-    def __init__(self) -> None:
-        self.pages, self.busy_s, self._in_flight, self._since = 0, 0.0, 0, 0.0
-
-    def enter(self) -> None:
-        if not self._in_flight:
-            self._since = time.monotonic()
-        self._in_flight += 1
-
-    def leave(self, read: bool) -> None:
-        self._in_flight -= 1
-        self.pages += read
-        if not self._in_flight:
-            self.busy_s += time.monotonic() - self._since
-
-    def busy(self) -> float:
-        return self.busy_s + (time.monotonic() - self._since if self._in_flight else 0.0)
-
-
-class PageReader:
-    """An engine actor: the engine and an OcrService built from the batch's settings, on an event loop of
-    its own (Ray Data's threads hand it batches; the engine's tasks never wait on Ray's queues). At most
-    ``max_concurrency`` pages are read at once, as the server admits them."""
-
-    def __init__(self, settings: dict[str, Any]) -> None:
-        import ray
-
-        from ..config import Settings
-
-        self.settings = Settings(**settings)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="hyocr-engine", daemon=True)
-        self.thread.start()
-        self.rendered = RenderedPages()
-        self.meter = Meter()
-        started = time.monotonic()
-        self.service: Any = None
-        self._on_loop(self._start())
-        self.start_s = time.monotonic() - started
-        context = ray.get_runtime_context()
-        self.worker, self.node = context.get_actor_id() or "", ray.util.get_node_ip_address()
-
-    def _on_loop(self, work: Any, timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(work, self.loop).result(timeout)
-
-    async def _start(self) -> None:
-        from ..engines.registry import create_engine
-        from ..pipeline.service import OcrService
-
-        engine = create_engine(self.settings)
-        service = OcrService.from_settings(engine, self.settings)
-        service.inputs.pdf.close()  # its own renderer never starts: the pages come rendered
-        service.inputs.pdf = self.rendered
-        await engine.start()
-        self.service, self.slots = service, asyncio.Semaphore(self.settings.max_concurrency)
-
-    def __call__(self, batch: Any) -> Any:
-        import pyarrow as pa
-
-        rows = batch.to_pylist()
-        outcomes = self._on_loop(self._read_all(rows))
-        busy = self.meter.busy()
-        return pa.Table.from_pylist([
-            {"key": r["key"], "position": r["position"], "total": r["total"], "error": r["error"],
-             "render_ms": r["render_ms"], "outcome": pickle.dumps(o) if o is not None else b"",
-             "worker": self.worker, "node": self.node, "worker_pages": self.meter.pages, "worker_busy_s": busy,
-             "worker_start_s": self.start_s} for r, o in zip(rows, outcomes, strict=True)])
-
-    async def _read_all(self, rows: list[dict[str, Any]]) -> list[PageOutcome | None]:
-        return list(await asyncio.gather(*(self._read(r) for r in rows)))
-
-    async def _read(self, row: dict[str, Any]) -> PageOutcome | None:
-        if row["error"] is not None:  # the document failed before its pages: passed on to the driver
-            return None
-        async with self.slots:
-            self.meter.enter()
-            outcome = await self._outcome(row)  # a HyocrError becomes the outcome; anything else stops the run
-            self.meter.leave(read=outcome.page is not None)
-            return outcome
-
-    async def _outcome(self, row: dict[str, Any]) -> PageOutcome:
-        from ..batch.local import file_call
-        from ..errors import GatewayTimeout, HyocrError
-        from ..types import ReadDone, Started
-
-        rendered: Rendered | None = pickle.loads(row["payload"]) if row["pdf"] else None
-        data = self.rendered.hold(rendered) if rendered is not None else row["payload"]
-        prep = result = None
-        try:
-            call = file_call(data, row["source"], json.loads(row["options"]))
-            async with contextlib.aclosing(self.service.read(call)) as events:
-                async for event in events:
-                    if isinstance(event, Started):
-                        prep = event.prep
-                    elif isinstance(event, ReadDone):
-                        result = event.result
-        except HyocrError as exc:
-            # As in-process: failing before the pages (the call itself) or the deadline fails the
-            # document, as does the failure of its only page; a page of several becomes an error page.
-            if prep is None or rendered is None or row["total"] == 1 or isinstance(exc, GatewayTimeout):
-                return PageOutcome(None, public_message(exc))
-            return PageOutcome(self._error_page(rendered.page, exc), None, prep.task, prep.requested_task,
-                               prep.model, self.service.engine.info.name)
-        finally:
-            if rendered is not None:
-                self.rendered.release(data)
-        if result is None:
-            return PageOutcome(None, "the read ended without a result")
-        return PageOutcome(result.pages[0], None, result.task, result.requested_task, result.model, result.engine,
-                           result.timings)
-
-    @staticmethod
-    def _error_page(page: PageImage, exc: HyocrError) -> PageResult:
-        """``reading._failed``'s page: the others of the document are read."""
-        from ..types import FinishReason, PageResult
-
-        if not exc.public:
-            log.error("page %d failed: %s: %s", page.index, type(exc).__name__, exc.message)
-        message = exc.message if exc.public else "the engine failed on this page"
-        return PageResult(page.index, page.width, page.height, "", finish_reason=FinishReason.ERROR,
-                          error=message).read_from(page)
-
-    def __del__(self) -> None:
-        # Ray Data drops its actors gracefully when the dataset is done: stop the engine (vLLM's core
-        # process with it) instead of leaving it to the process's end.
-        service, self.service = getattr(self, "service", None), None
-        if service is None:
-            return
-        try:
-            service.close()
-            self._on_loop(service.engine.stop(), timeout=60)
-        except Exception:  # the actor is going away either way
-            log.exception("stopping the engine failed")
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
