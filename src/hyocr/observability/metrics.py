@@ -77,13 +77,15 @@ class Metrics:
         if service is not None:
             self.track(self.queue, lambda: service.admission.waiting)
             self.track(self.in_flight, lambda: service.admission.in_flight)
+        engine = getattr(service, "engine", None)  # a service without one: the admission gauges only
+        if engine is not None:
             for state, alive in (("up", True), ("down", False)):
                 self.track(self.replicas.labels(state),
-                           lambda alive=alive: sum(r.alive == alive for r in service.engine.replicas()))
+                           lambda alive=alive: sum(r.alive == alive for r in engine.replicas()))
         self.gpu = GpuCollector.create()
         if self.gpu is not None and not self.shared:
             r.register(self.gpu)
-        if service is not None and service.engine.info.name == "vllm" and not self.shared:
+        if engine is not None and engine.info.name == "vllm" and not self.shared:
             r.register(VllmFamilies())  # on /metrics and on METRICS_PORT alike
 
     @property
