@@ -121,6 +121,9 @@ def test_sigterm_drains_requests_in_flight_and_leaves_no_ray_process(ray_server)
         time.sleep(1.0)  # all six sent and being read
         proc.send_signal(signal.SIGTERM)
         answers = [f.result() for f in futures]
+    # Every answer is the API's own JSON (a request past DRAIN_TIMEOUT would get 503 shutting_down, never
+    # Serve's plain-text 500); with 30 s to drain, these six pages all finish.
+    assert all(a.headers["content-type"].startswith("application/json") for a in answers), [a.text[:200] for a in answers]
     assert [a.status_code for a in answers] == [200] * 6, [a.text[:300] for a in answers]
     assert all("LINE00INVOICETOTAL" in squash(a.json()["text"]) for a in answers)
     assert proc.wait(timeout=120) == 0

@@ -46,7 +46,9 @@ def engine_options(settings: Settings) -> dict[str, Any]:
         "max_ongoing_requests": settings.max_concurrency,
         "health_check_period_s": HEALTH_CHECK_PERIOD_S,
         "health_check_timeout_s": HEALTH_CHECK_TIMEOUT_S,
-        "graceful_shutdown_timeout_s": settings.drain_timeout,
+        # After the API's own drain deadline (it answers what is left with a JSON 503, cancelling those
+        # streams), so a replica is never killed under a request the API has not answered.
+        "graceful_shutdown_timeout_s": settings.drain_timeout + 5,
         "graceful_shutdown_wait_loop_s": 1.0,
     }
     if settings.ray_max_replicas is not None and settings.ray_max_replicas > settings.ray_replicas:
@@ -64,7 +66,7 @@ def api_options(settings: Settings) -> dict[str, Any]:
     admit MAX_CONCURRENCY, and need Redis for rate limits and PostgreSQL for jobs, as API_PROCESSES do)."""
     return {"name": "Api", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0},
             "max_ongoing_requests": settings.max_concurrency + settings.max_queue + 64,
-            "graceful_shutdown_timeout_s": settings.drain_timeout + 5, "graceful_shutdown_wait_loop_s": 1.0}
+            "graceful_shutdown_timeout_s": settings.drain_timeout + 10, "graceful_shutdown_wait_loop_s": 1.0}
 
 
 class Api:
@@ -80,7 +82,14 @@ class Api:
     def __serve_build_asgi_app__(self) -> Any:
         from ..api.app import build_app
 
-        return build_app(self.settings, engine=RayServeEngine(self.engine, APP))
+        self.hyocr_app = build_app(self.settings, engine=RayServeEngine(self.engine, APP))  # (`app` is Serve's)
+        return self.hyocr_app
+
+    async def begin_drain(self) -> None:
+        """The stop begins (``run`` calls this before deleting the application): DRAIN_TIMEOUT from now the
+        requests still running get hyocr's JSON 503 ``shutting_down``, as a drained ``hyocr serve`` answers.
+        Serve alone would kill the replicas under them, and its proxy answer a plain-text 500."""
+        self.hyocr_app.state.drain.begin()
 
 
 def build_application(settings: Settings) -> Any:
@@ -124,6 +133,10 @@ def run(settings: Settings) -> int:
         while not stop.wait(1.0):
             pass
         log.info("draining the Ray Serve application (up to %gs)", settings.drain_timeout)
+        try:
+            serve.get_deployment_handle("Api", app_name=APP).begin_drain.remote().result(timeout_s=10)
+        except Exception as exc:  # the API replica gone already: Serve's own drain still applies
+            log.warning("the API replica did not start its drain: %s", exc)
         serve.delete(APP)  # each replica finishes its requests in flight, then stops
         return 0
     except Exception as exc:
