@@ -64,7 +64,7 @@ async def _read(engine: RayServeEngine) -> list[EngineChunk]:
 
 
 async def test_a_replica_lost_before_any_output_is_retried_on_another():
-    handle = Handle([(HELLO, "a", 1), ActorDiedError()], [(HELLO, "b", 2), DONE])
+    handle = Handle([(HELLO, "a"), ActorDiedError()], [(HELLO, "b"), DONE])
     engine = RayServeEngine(handle)
     assert await _read(engine) == [DONE]
     assert handle.calls == 2 and dict(engine.served) == {"a": 1, "b": 1}
@@ -72,7 +72,7 @@ async def test_a_replica_lost_before_any_output_is_retried_on_another():
 
 
 async def test_a_replica_lost_mid_stream_is_a_retryable_503_not_a_replayed_stream():
-    handle = Handle([(HELLO, "a", 1), EngineChunk(text="HE"), ActorDiedError()], [DONE])
+    handle = Handle([(HELLO, "a"), EngineChunk(text="HE"), ActorDiedError()], [DONE])
     engine = RayServeEngine(handle)
     seen = []
     with pytest.raises(ServiceUnavailable) as failure:

@@ -39,6 +39,13 @@ def ocr_body(result: OcrResult) -> dict:
     ))
 
 
+def replicas_body(engine) -> dict:
+    """``{"replicas": [...]}``: the engine's copies of the model (data-parallel cores, Ray Serve replicas),
+    for /ready and /v1/models; empty for an engine that is one copy."""
+    replicas = engine.replicas()
+    return {"replicas": [r.body() for r in replicas]} if replicas else {}
+
+
 def page_body(page: PageResult) -> dict:
     """One page of the /v1/ocr body (``protocol.Page``); stream=true sends each in an ``ocr.page`` event."""
     return _body(_page(page))

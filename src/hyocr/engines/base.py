@@ -79,7 +79,8 @@ class Engine(abc.ABC):
 
     def replicas(self) -> list[Replica]:
         """Its copies of the model, when it runs several (cheap: /ready and every scrape ask); empty for an
-        engine that is one copy. Readiness needs every one alive: the supervisor restarts a dead one."""
+        engine that is one copy. ``ready`` says what a dead one means: vLLM's cores all or none (the
+        supervisor restarts them), Ray Serve's replicas one at a time (Serve replaces it)."""
         return []
 
 

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
+from . import LOCAL, cluster_address
 from .pages import public_message, render_document
 from .reader import PageReader
 
@@ -218,14 +219,14 @@ def _connect(settings: Settings) -> None:
     # The summary and the lines on stderr report; the workers' logs stay in the session's folder.
     quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")  # not its INFO lines about each dataset
-    address = settings.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
+    address = cluster_address(settings)
+    if address != LOCAL:
         ray.init(address=address, **quiet)
     else:
         # A cluster of its own ("local": not one that `ray start` left running), with room for the engine
         # actors and at least one render task beside them, on any machine.
         needed = math.ceil(settings.ray_replicas * settings.ray_cpus_per_replica) + 1
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, needed), include_dashboard=False, **quiet)
+        ray.init(address=LOCAL, num_cpus=max(os.cpu_count() or 1, needed), include_dashboard=False, **quiet)
 
 
 def _pipeline(settings: Settings, service: Any, rows: list[dict[str, Any]]) -> Any:

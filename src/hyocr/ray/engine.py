@@ -4,8 +4,9 @@ choices on requests in flight); everything above the engine interface (auth, lim
 jobs) runs unchanged in the API process.
 
 A replica that dies before a request's first chunk is retried once on another (nothing was sent yet); one
-that dies mid-stream ends that request with a retryable 503. The replica list (``replicas``) comes from the
-cluster's named actors (Serve names each replica actor) and Serve's status, refreshed in the background.
+that dies mid-stream ends that request with a retryable 503. The replica list (``replicas``) comes from Serve's
+controller, refreshed in the background; the requests each replica took are counted here, from the first item
+of each stream.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from ..engines.base import Engine, EngineInfo, Replica
@@ -40,14 +42,10 @@ class RayServeEngine(Engine):
         self._refresher: asyncio.Task | None = None
 
     async def start(self) -> None:
-        described = await self.handle.describe.remote()  # waits for a replica if none is up yet
-        engine: EngineInfo = described["info"]
+        engine: EngineInfo = await self.handle.engine_info.remote()  # waits for a replica if none is up yet
         # The API serves what the replicas' engine serves, named as it is, and says where it runs.
-        self.info = EngineInfo(
-            name=engine.name, model=engine.model, tasks=engine.tasks, follows_prompts=engine.follows_prompts,
-            max_images=engine.max_images, adapters=engine.adapters, structured=engine.structured,
-            version=engine.version, defaults=engine.defaults,
-            details={**engine.details, "scale_out": f"Ray Serve deployment {self.app}/{ENGINE_DEPLOYMENT}"})
+        self.info = replace(engine, details={**engine.details,
+                                             "scale_out": f"Ray Serve deployment {self.app}/{ENGINE_DEPLOYMENT}"})
         await self.refresh()
         self._refresher = asyncio.create_task(self._refresh_forever(), name="hyocr-ray-replicas")
 

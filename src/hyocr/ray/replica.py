@@ -8,10 +8,10 @@ stops the engine.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ..engines.base import EngineInfo
 from ..types import EngineRequest
 
 # The first item of every stream: which replica serves it (the API counts requests per replica).
@@ -27,18 +27,15 @@ class EngineReplica:
         self.engine = create_engine(settings)
         await self.engine.start()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.served = 0
 
-    def describe(self) -> dict[str, Any]:
-        """The engine's info (what /v1/models says of it) and this replica's identity."""
-        info = self.engine.info
-        return {"info": info, "replica": self.replica_id, "pid": os.getpid(), "node": _node()}
+    def engine_info(self) -> EngineInfo:
+        """What the engine is and serves (what /v1/models says of it)."""
+        return self.engine.info
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
-        """``(HELLO, replica, pid)``, then the engine's chunks for ``request``. Serve cancels this generator
+        """``(HELLO, replica id)``, then the engine's chunks for ``request``. Serve cancels this generator
         when the API side goes away: the engine's own clean-up (``finally``) aborts its work."""
-        self.served += 1
-        yield (HELLO, self.replica_id, os.getpid())
+        yield (HELLO, self.replica_id)
         stream = self.engine.generate(request)
         try:
             async for chunk in stream:
@@ -53,8 +50,3 @@ class EngineReplica:
     async def __del__(self) -> None:
         await self.engine.stop()
 
-
-def _node() -> str:
-    import ray
-
-    return ray.get_runtime_context().get_node_id()[:12]

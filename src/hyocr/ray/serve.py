@@ -11,24 +11,26 @@ the HTTP ingress behind Serve's proxy, and ``EngineReplica`` (ray/replica.py), t
     serve run hyocr.ray.serve:app_builder engine=rapidocr ray_replicas=2   Serve's own CLI (or a config file:
                                                                  deploy/ray/serve.yaml)
 
-On SIGTERM the application is deleted the way Serve rolls replicas: each stops taking requests, finishes
-those in flight (up to DRAIN_TIMEOUT), then stops its engine.
+On SIGTERM the API starts hyocr's own drain (requests still running at DRAIN_TIMEOUT get the JSON 503
+``shutting_down``), then the application is deleted the way Serve rolls replicas: each finishes what it holds,
+then stops its engine.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
 from typing import Any
 
 from ..config import Settings, SettingsError, load_settings
+from . import LOCAL, cluster_address
 from .engine import APP, ENGINE_DEPLOYMENT, RayServeEngine
 from .replica import EngineReplica
 
 log = logging.getLogger(__name__)
+API_DEPLOYMENT = "Api"
 HEALTH_CHECK_PERIOD_S = 5.0
 # A model engine's first start (weights, compilation, CUDA graphs) takes minutes on a cold machine: Serve must
 # not give up on a replica that is still loading (the lesson of the 139 s cold start).
@@ -64,7 +66,7 @@ def engine_options(settings: Settings) -> dict[str, Any]:
 def api_options(settings: Settings) -> dict[str, Any]:
     """The API deployment: one replica (its admission limit is the server's; more API replicas would each
     admit MAX_CONCURRENCY, and need Redis for rate limits and PostgreSQL for jobs, as API_PROCESSES do)."""
-    return {"name": "Api", "num_replicas": 1, "ray_actor_options": {"num_cpus": 0},
+    return {"name": API_DEPLOYMENT, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0},
             "max_ongoing_requests": settings.max_concurrency + settings.max_queue + 64,
             "graceful_shutdown_timeout_s": settings.drain_timeout + 10, "graceful_shutdown_wait_loop_s": 1.0}
 
@@ -119,8 +121,9 @@ def run(settings: Settings) -> int:
     except ImportError:
         print('hyocr: --ray needs Ray: pip install "hyocr[ray]"', file=sys.stderr)
         return 2
-    owned = settings.ray_address is None and not os.environ.get("RAY_ADDRESS")  # a local cluster of ours
-    ray.init(address=settings.ray_address, namespace="hyocr", include_dashboard=False,
+    address = cluster_address(settings)
+    owned = address == LOCAL  # a cluster of ours: Serve and Ray stop with this process
+    ray.init(address=address, namespace="hyocr", include_dashboard=False,
              log_to_driver=settings.log_level == "debug", configure_logging=False)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -134,7 +137,7 @@ def run(settings: Settings) -> int:
             pass
         log.info("draining the Ray Serve application (up to %gs)", settings.drain_timeout)
         try:
-            serve.get_deployment_handle("Api", app_name=APP).begin_drain.remote().result(timeout_s=10)
+            serve.get_deployment_handle(API_DEPLOYMENT, app_name=APP).begin_drain.remote().result(timeout_s=10)
         except Exception as exc:  # the API replica gone already: Serve's own drain still applies
             log.warning("the API replica did not start its drain: %s", exc)
         serve.delete(APP)  # each replica finishes its requests in flight, then stops

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ...engines.base import SharedEngine
 from ...errors import ServiceUnavailable
+from ..bodies import replicas_body
 from .deps import service_of
 
 router = APIRouter(tags=["health"])
@@ -25,8 +26,7 @@ async def ready(request: Request) -> JSONResponse:
     ok = healthy and (not isinstance(engine, SharedEngine) or engine.peers_ready())
     body = {"status": "ready" if ok else "unavailable", "engine": engine.info.name, "model": engine.info.model,
             "restarts": supervisor.restarts}
-    if replicas := engine.replicas():
-        body["replicas"] = [r.body() for r in replicas]
+    body.update(replicas_body(engine))
     if healthy and not ok:
         body["reason"] = "waiting for the server's other API processes"
     elif not ok and supervisor.last_failure:

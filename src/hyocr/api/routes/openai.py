@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ...types import ChatDone, ChatEvent, ChatText, EngineChunk, FinishReason, Prepared
-from ..bodies import hyocr_meta, openai_finish, sse_stream, usage_body
+from ..bodies import hyocr_meta, openai_finish, replicas_body, sse_stream, usage_body
 from ..convert import chat_call, completion_call
 from ..disconnect import unless_disconnected
 from ..protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
@@ -121,12 +121,6 @@ async def _as_chunks(events: AsyncIterator[ChatEvent]) -> AsyncIterator[EngineCh
                                   completion_tokens=event.completion_tokens)
     finally:
         await events.aclose()
-
-
-def replicas_body(engine) -> dict:
-    """The engine's copies of the model (data-parallel cores, Ray Serve replicas), when it has several."""
-    replicas = engine.replicas()
-    return {"replicas": [r.body() for r in replicas]} if replicas else {}
 
 
 @router.get("/v1/models", summary="The model this server runs")
