@@ -3,8 +3,11 @@
 Order per request: public path? -> client IP (proxy headers only from trusted proxies) ->
 credential (Bearer token or X-API-Key; HTTP Basic with the key as password for the web UI, whose
 browser prompts for it) -> 401 when none is valid -> 403 when the identity's IP is outside the
-allowlist. The identity goes to ``scope["state"]["principal"]`` for rate limits and logs: a key is
-named by a digest prefix, never by its value.
+allowlist. The identity goes to ``scope["state"]["principal"]``: it owns jobs and keys rate limits and
+logs, so it is the whole identity, never a shortened or case-folded form of it. A key is named by a digest
+of its value (never the value); a JWT caller by a digest of its issuer and subject together (a Kubernetes
+service account's subject runs past 64 characters, and two issuers may reuse a subject). A token without a
+subject is refused: it names nobody, and tokens that all map to one "anonymous" owner would share jobs.
 """
 
 from __future__ import annotations
@@ -27,8 +30,17 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def key_id(key: str) -> str:
-    """A stable, non-reversible name for an API key, safe for logs and metric labels."""
+    """A stable, non-reversible name for an API key, safe for logs and metric labels. 48 bits suffice:
+    keys are the operator's few configured values, which a caller cannot choose to collide."""
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def jwt_id(issuer: str | None, subject: str) -> str:
+    """A JWT caller's identity: a digest of issuer and subject, whole (any length, any characters), bounded
+    for the store and labels. 128 bits: subjects are the issuer's to choose, and a collision would be a
+    shared owner. The NUL separator keeps ("a", "b:c") and ("a:b", "c") apart."""
+    whole = f"{issuer or ''}\0{subject}".encode("utf-8", "surrogatepass")
+    return "jwt-" + hashlib.sha256(whole).hexdigest()[:32]
 
 
 def parse_networks(spec: str | None) -> tuple[IPNetwork, ...]:
@@ -127,7 +139,8 @@ class Authenticator:
         return matched
 
     def check_jwt(self, token: str) -> str | None:
-        """The token's subject when it verifies with one of our keys; None otherwise."""
+        """The caller's identity (``jwt_id``) when the token verifies with one of our keys; None otherwise.
+        AuthError(401) for a verified token that names no subject."""
         import jwt
 
         options = {"require": ["exp"], "verify_aud": self.policy.jwt_audience is not None}
@@ -136,9 +149,13 @@ class Authenticator:
             try:
                 claims = jwt.decode(token, key, algorithms=algorithms, audience=self.policy.jwt_audience,
                                     issuer=self.policy.jwt_issuer, options=options)
-            except jwt.PyJWTError:
+            except jwt.PyJWTError:  # PyJWT also refuses a "sub" that is not a string
                 continue
-            return f"jwt:{str(claims.get('sub', 'anonymous'))[:64]}"
+            subject = claims.get("sub")
+            if not subject:
+                raise AuthError(401, "the token names no subject (sub claim): hyocr needs one to know whose jobs "
+                                "are whose", "token_without_subject")
+            return jwt_id(claims.get("iss"), subject)
         return None
 
     def identify(self, scope: Scope) -> str:

@@ -1,0 +1,115 @@
+"""Who owns what, over real HTTP: a JWT caller is its whole issuer and subject (long Kubernetes service
+account names, non-ASCII, case), a token without a subject owns nothing, and rate limits count per owner."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import jwt
+import pytest
+import requests
+from imaging import Line, render, to_bytes
+
+SECRET = "tenancy-secret-of-at-least-32-bytes!"
+# Ordinary service accounts: the same namespace and a 40-character name, told apart only past 64 characters.
+STEM = "system:serviceaccount:tenant-a:" + "ocr-pipeline-worker-0123456789-abcdefghij"
+SVC_A, SVC_B = STEM + ":svc-A", STEM + ":svc-B"
+
+
+def _token(sub: str | None, **claims) -> dict[str, str]:
+    payload = {"exp": int(time.time()) + 600, **claims}
+    if sub is not None:
+        payload["sub"] = sub
+    return {"Authorization": "Bearer " + jwt.encode(payload, SECRET, algorithm="HS256")}
+
+
+def _image() -> str:
+    data = to_bytes(render([Line("TENANT DATA 7731", (20, 20), 30)], size=(360, 96)).image)
+    return base64.b64encode(data).decode()
+
+
+def _finished(url: str, job_id: str, headers: dict) -> dict:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        job = requests.get(f"{url}/v1/jobs/{job_id}", headers=headers, timeout=10).json()
+        if job["status"] not in ("queued", "running"):
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+@pytest.fixture
+def jwt_server(fake_server_factory):
+    return fake_server_factory(ui=False, jwt_secret=SECRET)
+
+
+def test_subjects_that_differ_past_64_characters_are_two_owners(jwt_server):
+    assert SVC_A[:64] == SVC_B[:64] and len(SVC_A) > 64
+    url, alice, bob = jwt_server.url, _token(SVC_A), _token(SVC_B)
+    job = requests.post(f"{url}/v1/jobs", json={"image": _image(), "task": "text"}, headers=alice, timeout=30)
+    assert job.status_code == 202, job.text
+    job_id = job.json()["id"]
+    assert _finished(url, job_id, alice)["status"] == "succeeded"
+    assert requests.get(f"{url}/v1/jobs/{job_id}/result", headers=alice, timeout=10).status_code == 200
+    for path in ("", "/result", "/pages"):
+        r = requests.get(f"{url}/v1/jobs/{job_id}{path}", headers=bob, timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "job_not_found", (path, r.text)
+    assert job_id not in [j["id"] for j in requests.get(f"{url}/v1/jobs", headers=bob, timeout=10).json()["data"]]
+    # nor may Bob cancel or delete it
+    assert requests.delete(f"{url}/v1/jobs/{job_id}", headers=bob, timeout=10).status_code == 404
+    assert requests.get(f"{url}/v1/jobs/{job_id}", headers=alice, timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("other", [
+    {"sub": SVC_A.upper()},  # subjects are case-sensitive (RFC 7519 StringOrURI)
+    {"sub": SVC_A, "iss": "https://another-issuer.test"},  # the same subject of another issuer
+    {"sub": SVC_A + " "},
+])
+def test_an_identity_is_never_folded_into_another(jwt_server, other):
+    url = jwt_server.url
+    owner = _token(SVC_A)
+    job_id = requests.post(f"{url}/v1/jobs", json={"image": _image(), "task": "text"}, headers=owner,
+                           timeout=30).json()["id"]
+    sub = other.pop("sub")
+    r = requests.get(f"{url}/v1/jobs/{job_id}", headers=_token(sub, **other), timeout=10)
+    assert r.status_code == 404, r.text
+
+
+def test_non_ascii_and_very_long_subjects_own_their_jobs(jwt_server):
+    url = jwt_server.url
+    for sub in ("用户:张三@例子.中国", "x" * 5000, "svc:\u0000:nul", "lone \ud800 surrogate"):
+        headers = _token(sub)
+        r = requests.post(f"{url}/v1/jobs", json={"image": _image(), "task": "text"}, headers=headers, timeout=30)
+        assert r.status_code == 202, (sub[:20], r.text)
+        assert requests.get(f"{url}/v1/jobs/{r.json()['id']}", headers=headers, timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("sub", [None, ""])
+def test_a_token_without_a_subject_is_refused_everywhere(jwt_server, sub):
+    headers = _token(sub)
+    for method, path, body in (("post", "/v1/jobs", {"image": _image(), "task": "text"}),
+                               ("get", "/v1/jobs", None),
+                               ("post", "/v1/ocr", {"image": _image(), "task": "text"})):
+        r = requests.request(method, f"{jwt_server.url}{path}", json=body, headers=headers, timeout=30)
+        assert r.status_code == 401, (path, r.text)
+        assert r.json()["error"]["code"] == "token_without_subject" and "sub" in r.json()["error"]["message"]
+
+
+def test_a_subject_that_is_not_a_string_is_an_invalid_token(jwt_server):
+    headers = {"Authorization": "Bearer " + jwt.encode({"exp": int(time.time()) + 60, "sub": "x"}, SECRET,
+                                                       algorithm="HS256")}
+    assert requests.get(f"{jwt_server.url}/v1/jobs", headers=headers, timeout=10).status_code == 200
+    token = jwt.api_jws.encode(b'{"exp": %d, "sub": 12345}' % (int(time.time()) + 60), SECRET, algorithm="HS256")
+    r = requests.get(f"{jwt_server.url}/v1/jobs", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_rate_limits_count_each_whole_identity(fake_server_factory):
+    server = fake_server_factory(ui=False, jwt_secret=SECRET, rate_limit="2/minute")
+    alice, bob = _token(SVC_A), _token(SVC_B)
+    for _ in range(2):
+        assert requests.get(f"{server.url}/v1/jobs", headers=alice, timeout=10).status_code == 200
+    limited = requests.get(f"{server.url}/v1/jobs", headers=alice, timeout=10)
+    assert limited.status_code == 429 and limited.headers["retry-after"].isdigit()
+    assert requests.get(f"{server.url}/v1/jobs", headers=bob, timeout=10).status_code == 200  # Bob's own window
