@@ -210,6 +210,10 @@ class Settings(BaseSettings):
     job_range_pages: int = Field(8, ge=1, le=1000, description="pages of a job read in one range (one request)")
     job_max_pages: int = Field(10_000, ge=1, le=1_000_000, description="pages per job (a PDF's selection)")
     job_max_running: int = Field(2, ge=1, le=10_000, description="jobs of one caller running at once")
+    job_max_active: int = Field(1000, ge=1, le=10_000_000, description="jobs one caller may have queued or "
+                                "running; a submit past it is a 429 with Retry-After")
+    job_max_stored_bytes: int = Field(2 * 1024**3, ge=1, description="bytes of documents one caller's queued "
+                                      "and running jobs may hold; a submit past it is a 429 with Retry-After")
     job_max_attempts: int = Field(3, ge=1, le=100, description="tries of a page range that failed retryably "
                                   "(engine restarting, overload); then its pages are error pages")
     job_lease: float = Field(30.0, ge=1, le=3600, description="seconds a replica's claim on a page range lasts "
@@ -221,6 +225,9 @@ class Settings(BaseSettings):
         "in DATA_DIR/webhook-secret")
     webhook_max_attempts: int = Field(8, ge=1, le=100, description="deliveries of a webhook before giving up")
     webhook_timeout: float = Field(10.0, gt=0, le=300, description="seconds per webhook delivery")
+    webhook_concurrency: int = Field(64, ge=1, le=10_000, description="webhook deliveries in flight at once")
+    webhook_host_concurrency: int = Field(4, ge=1, le=1000, description="webhook deliveries in flight to one "
+                                          "receiver (host and port): a slow receiver delays only its own")
 
     @field_validator("image_formats", mode="before")
     @classmethod

@@ -12,6 +12,7 @@
     +-- PayloadTooLarge (413)                  body, image bytes or pixels over a cap
     +-- UnsupportedMediaType (415)             a format outside the allowlist
     +-- UnprocessableDocument (422)            a PDF that could not be rendered in time or crashed the renderer
+    +-- IdempotencyKeyReused (422)             an Idempotency-Key sent again with another request
     +-- RateLimited (429)
     +-- ServiceUnavailable (503)               engine not ready, overloaded, circuit open
     +-- GatewayTimeout (504)                   request deadline passed
@@ -123,6 +124,15 @@ class UnprocessableDocument(HyocrError):
     status = 422
     type = "invalid_request_error"
     code = "pdf_render_failed"
+    public = True
+
+
+class IdempotencyKeyReused(HyocrError):
+    """An Idempotency-Key sent again with a different request (payment and cloud APIs answer 422)."""
+
+    status = 422
+    type = "invalid_request_error"
+    code = "idempotency_key_reused"
     public = True
 
 

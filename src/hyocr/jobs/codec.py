@@ -3,6 +3,8 @@ result. Internal values only; the wire bodies are built from them by api/bodies.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, fields, replace
 from typing import Any
 
@@ -29,6 +31,26 @@ def call_to_json(call: OcrCall) -> dict[str, Any]:
     if call.sampling.structured is not None:  # asdict made it a dict; its choice tuple a list
         out["sampling"]["structured"]["choice"] = list(call.sampling.structured.choice)
     return out
+
+
+def request_digest(call: OcrCall, callback: tuple[str, dict | None] | None, limits) -> str:
+    """What makes two submits the same request: the call's options and callback, and each document's
+    content (decoded, so base64, a data URL and an upload of one file are one request; an image URL by its
+    text, since its content is fetched later). An Idempotency-Key reused with another digest is refused."""
+    from ..pipeline.media import decode_base64
+
+    whole = hashlib.sha256()
+    options = {"call": call_to_json(call), "callback": list(callback) if callback else None}
+    whole.update(json.dumps(options, sort_keys=True, ensure_ascii=True, default=str).encode())
+    for m in call.media:
+        if m.url:
+            content = b"url:" + str(m.data).encode("utf-8", "surrogatepass")
+        else:
+            raw = m.data if isinstance(m.data, bytes) else decode_base64(
+                m.data, limits, param=m.param, max_bytes=max(limits.max_image_bytes, limits.max_pdf_bytes))
+            content = b"bytes:" + hashlib.sha256(raw).digest()
+        whole.update(hashlib.sha256(content).digest())
+    return whole.hexdigest()
 
 
 def call_from_json(data: dict[str, Any]) -> OcrCall:

@@ -21,21 +21,22 @@ from ..errors import HyocrError
 from ..pipeline.service import OcrService
 from ..types import FinishReason, PageRead, PageResult
 from .codec import at_position
+from .outbox import Outbox
 from .store import Claim, JobRecord, JobStore
-from .webhooks import Delivery, WebhookSigner, deliver, event_body
+from .webhooks import event_body
 
 log = logging.getLogger("hyocr.jobs")
 BACKGROUND = 1  # EngineRequest.priority of a job's pages: after every waiting online request
 
 
 class JobRunner:
-    def __init__(self, store: JobStore, service: OcrService, settings, *, signer: WebhookSigner | None = None,
+    def __init__(self, store: JobStore, service: OcrService, settings, *,
                  describe: Callable[[JobRecord], dict] | None = None, metrics=None, poll: float = 0.5) -> None:
         self.store = store
         self.describe = describe  # a job's wire object, for its webhook (the api layer's job_body)
         self.service = service
         self.settings = settings
-        self.signer = signer
+        self.outbox = Outbox(store.engine, settings, policy=service.inputs.fetch_policy, metrics=metrics)
         self.metrics = metrics
         self.poll = poll
         self.replica = uuid.uuid4().hex[:16]
@@ -47,7 +48,8 @@ class JobRunner:
     # ------------------------------------------------------------------ life
 
     def start(self) -> None:
-        self._loops = [asyncio.create_task(loop()) for loop in (self._dispatch, self._deliver, self._sweep)]
+        self._loops = [asyncio.create_task(self._dispatch()), asyncio.create_task(self.outbox.run(self.poll)),
+                       asyncio.create_task(self._sweep())]
 
     async def stop(self) -> None:
         """Stop reading: ranges in progress are given back at once (not left to their lease), so a restart
@@ -109,8 +111,9 @@ class JobRunner:
             renewing.cancel()
             self.wake.set()
 
-    async def _read(self, claim: Claim) -> None:
-        todo = await self._unstored(claim)
+    async def _read(self, claim: Claim, todo: list[tuple[int, int]] | None = None) -> None:
+        """Read the range's pages not stored yet (or those of ``todo``), storing each as it finishes."""
+        todo = await self._unstored(claim) if todo is None else todo
         if not todo:
             return
         if claim.attempts > self.settings.job_max_attempts:  # a range that took its replica down, again
@@ -134,16 +137,34 @@ class JobRunner:
 
     async def _failed(self, claim: Claim, exc: HyocrError) -> None:
         """A retryable failure (overload, a restarting engine, a deadline) is tried again later, up to
-        JOB_MAX_ATTEMPTS; anything else (the document itself) makes its pages error pages."""
-        if exc.status >= 500 and claim.attempts < self.settings.job_max_attempts:
-            delay = min(60.0, 2.0 ** claim.attempts)
-            log.warning("job %s range %d: %s; again in %gs", claim.job_id, claim.range_id, exc.message, delay)
-            await self.store.release_range(claim.range_id, self.replica, not_before=time.time() + delay)
+        JOB_MAX_ATTEMPTS; anything else (the document itself) makes its pages error pages. A range of images
+        read together fails as a whole when one of them is bad: then each is read on its own, so a corrupt
+        image fails its own page only, as on /v1/ocr."""
+        if self._retry(claim, exc):
+            await self._again_later(claim, exc)
             return
         todo = await self._unstored(claim)
-        await self._error_pages(claim, todo, exc.message if exc.public else "the engine failed on this page")
+        if not claim.pdf and len(todo) > 1:
+            for pair in todo:
+                try:
+                    await self._read(claim, [pair])
+                except HyocrError as one:
+                    if self._retry(claim, one):  # its pages stored so far stay: a retry reads the rest
+                        await self._again_later(claim, one)
+                        return
+                    await self._error_pages(claim, [pair], _page_error(one))
+        else:
+            await self._error_pages(claim, todo, _page_error(exc))
         await self.store.finish_range(claim.range_id, self.replica)
         await self._maybe_complete(claim.job_id)
+
+    def _retry(self, claim: Claim, exc: HyocrError) -> bool:
+        return exc.status >= 500 and claim.attempts < self.settings.job_max_attempts
+
+    async def _again_later(self, claim: Claim, exc: HyocrError) -> None:
+        delay = min(60.0, 2.0 ** claim.attempts)
+        log.warning("job %s range %d: %s; again in %gs", claim.job_id, claim.range_id, exc.message, delay)
+        await self.store.release_range(claim.range_id, self.replica, not_before=time.time() + delay)
 
     async def _unstored(self, claim: Claim) -> list[tuple[int, int]]:
         """The range's (position, item) pairs with no page stored yet: what a read still owes."""
@@ -177,29 +198,10 @@ class JobRunner:
 
     async def notify(self, job: JobRecord) -> None:
         """Queue the job's webhook (durably: delivered after a restart too)."""
-        if not job.callback_url or self.signer is None or self.describe is None:
+        if not job.callback_url or self.outbox.signer is None or self.describe is None:
             return
         body = event_body(f"job.{job.status}", self.describe(job), time.time())
-        await self.store.add_delivery(f"{job.id}.{job.status}", job.id, job.callback_url,
-                                      job.callback_headers, body)
-
-    async def _deliver(self) -> None:
-        while True:
-            try:
-                for due in await self.store.due_deliveries(time.time()):
-                    outcome = await deliver(
-                        Delivery(due.id, due.url, due.headers, due.body, due.attempt), self.signer,
-                        self.service.inputs.fetch_policy, timeout=self.settings.webhook_timeout,
-                        max_attempts=self.settings.webhook_max_attempts)
-                    await self.store.delivery_tried(due.id, attempt=due.attempt, delivered=outcome.delivered,
-                                                    retry_in=outcome.retry_in, status=outcome.status,
-                                                    error=outcome.error)
-                    if self.metrics is not None:
-                        result = "delivered" if outcome.delivered else "retried" if outcome.retry_in else "failed"
-                        self.metrics.webhooks.labels(result).inc()
-            except Exception:
-                log.exception("webhook delivery failed")
-            await asyncio.sleep(self.poll)
+        await self.outbox.add(f"{job.id}.{job.status}", job.id, job.callback_url, job.callback_headers, body)
 
     async def _sweep(self) -> None:
         while True:
@@ -218,3 +220,7 @@ class JobRunner:
         counts = await self.store.counts()
         for status in ("queued", "running", "succeeded", "failed", "cancelled"):
             self.metrics.jobs.labels(status).set(counts.get(status, 0))
+
+
+def _page_error(exc: HyocrError) -> str:
+    return exc.message if exc.public else "the engine failed on this page"

@@ -4,6 +4,9 @@ A job's pages are cut into ranges at submission; a range is claimed by a replica
 conditional UPDATE, so two replicas never hold one range), and each page's result is a row keyed by
 (job, position): storing a page twice is a no-op, so a range run again after a crash skips what is stored
 and never counts a page twice.
+
+Columns added after a table first shipped are nullable and listed in ADDED, so that ``upgrade`` can add them
+to a database an older hyocr created (``create_all`` makes missing tables, never missing columns).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ jobs = Table(
     Column("id", String(64), primary_key=True),
     Column("owner", String(256), nullable=False),
     Column("idempotency_key", String(256)),
+    Column("request_digest", String(64)),  # codec.request_digest: what a reused Idempotency-Key must match
     Column("status", String(16), nullable=False),  # queued | running | succeeded | failed | cancelled
     Column("created_at", Float, nullable=False),
     Column("started_at", Float),
@@ -95,3 +99,19 @@ deliveries = Table(
     Column("last_error", String(1024)),
     Index("hyocr_webhook_deliveries_due", "state", "next_at"),
 )
+
+
+# (table, column) pairs added to tables after they first shipped: upgrade() adds them where missing.
+ADDED = ((jobs, "request_digest"),)
+
+
+def upgrade(connection) -> None:
+    """Add the ADDED columns an existing database lacks (a synchronous connection, inside a transaction)."""
+    from sqlalchemy import inspect
+    from sqlalchemy.schema import CreateColumn
+
+    present = {t.name: {c["name"] for c in inspect(connection).get_columns(t.name)} for t, _ in ADDED}
+    for table, name in ADDED:
+        if name not in present[table.name]:
+            column = CreateColumn(table.c[name]).compile(dialect=connection.dialect)
+            connection.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column}")

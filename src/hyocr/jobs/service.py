@@ -1,16 +1,25 @@
 """Jobs: what the /v1/jobs routes call. Submission checks a call as a read would (task, media, pages) and
-stores it cut into page ranges; the runner reads them later; results are read back from the store."""
+stores it cut into page ranges; the runner reads them later; results are read back from the store.
+
+A submit is refused before anything is stored when it reuses an Idempotency-Key for another request (422),
+or when its caller already has JOB_MAX_ACTIVE jobs queued or running, or documents of JOB_MAX_STORED_BYTES
+waiting in them (429 with Retry-After). The caps are checked and the job stored under one lock per caller
+in this process; replicas sharing a database may each admit one submit past them at the same moment.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 
-from ..errors import Conflict, InvalidRequest, NotFound
+from ..errors import Conflict, IdempotencyKeyReused, InvalidRequest, NotFound, PayloadTooLarge, RateLimited
 from ..pipeline.pdf_worker import parse_pages
 from ..pipeline.service import OcrService
 from ..types import OcrCall, OcrResult, PageResult, Task, Usage
+from .codec import request_digest
 from .runner import JobRunner
 from .store import JobRecord, JobStore, database_url
 from .webhooks import WebhookSigner, check_callback_url, load_secret
@@ -30,6 +39,7 @@ class Jobs:
         self.runner = runner
         self.service = service
         self.settings = settings
+        self._submitting: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     @classmethod
     def from_settings(cls, service: OcrService, settings, *, describe, metrics=None) -> Jobs:
@@ -42,7 +52,7 @@ class Jobs:
         load). At start, not when the app is built: a generated webhook secret is written by a server that runs."""
         try:
             secret = self.settings.webhook_secret
-            self.runner.signer = WebhookSigner(load_secret(secret.get_secret_value() if secret else None,
+            self.runner.outbox.signer = WebhookSigner(load_secret(secret.get_secret_value() if secret else None,
                                                            self.settings.data_path))
             await self.store.open()
         except (RuntimeError, ValueError, OSError) as exc:  # the one line an operator needs, before
@@ -60,8 +70,10 @@ class Jobs:
 
     async def submit(self, owner: str, call: OcrCall, *, idempotency_key: str | None,
                      callback: Callback | None) -> tuple[JobRecord, bool]:
+        digest = await asyncio.to_thread(request_digest, call, callback and (callback.url, callback.headers),
+                                         self.service.inputs.limits)
         if idempotency_key is not None and (known := await self.store.get_by_key(owner, idempotency_key)):
-            return known, False  # before any work: a retried submit costs a lookup
+            return self._same_request(known, digest), False  # before any work: a retry costs a lookup
         if callback is not None:
             await check_callback_url(callback.url, self.service.inputs.fetch_policy)
         surveyed = await self.service.survey(call)
@@ -71,13 +83,40 @@ class Jobs:
             items = list(range(surveyed.pages))
         range_pages = self.settings.job_range_pages if surveyed.pdf else min(
             self.settings.job_range_pages, self.settings.max_images_per_request)
-        job, created = await self.store.submit(
-            owner=owner, idempotency_key=idempotency_key, call=surveyed.call, pdf=surveyed.pdf, items=items,
-            range_pages=range_pages, task=surveyed.task.value, requested_task=surveyed.requested_task.value,
-            model=surveyed.model, engine=self.service.engine.info.name,
-            callback_url=callback.url if callback else None, callback_headers=callback.headers if callback else None)
+        lock = self._submitting.setdefault(owner, asyncio.Lock())
+        async with lock:
+            await self._within_caps(owner, sum(len(m.data) for m in surveyed.call.media))
+            job, created = await self.store.submit(
+                owner=owner, idempotency_key=idempotency_key, request_digest=digest, call=surveyed.call,
+                pdf=surveyed.pdf, items=items, range_pages=range_pages, task=surveyed.task.value,
+                requested_task=surveyed.requested_task.value, model=surveyed.model,
+                engine=self.service.engine.info.name, callback_url=callback.url if callback else None,
+                callback_headers=callback.headers if callback else None)
         self.runner.wake.set()
-        return job, created
+        return (job, True) if created else (self._same_request(job, digest), False)
+
+    @staticmethod
+    def _same_request(known: JobRecord, digest: str) -> JobRecord:
+        """The job a reused Idempotency-Key names, when the request is the one that made it."""
+        if known.request_digest is not None and known.request_digest != digest:
+            raise IdempotencyKeyReused(f"this Idempotency-Key was used for another request (job {known.id}); "
+                                       "use a new key for a new request", param="Idempotency-Key")
+        return known
+
+    async def _within_caps(self, owner: str, new_bytes: int) -> None:
+        active, stored = await self.store.backlog(owner)
+        cap, room = self.settings.job_max_active, self.settings.job_max_stored_bytes
+        if active >= cap:
+            raise RateLimited(f"{active} of your jobs are queued or running, the most this server keeps per "
+                              "caller; submit more as they finish", code="too_many_jobs",
+                              headers={"Retry-After": "10"})
+        if new_bytes > room:
+            raise PayloadTooLarge(f"this job's documents ({new_bytes} bytes) are more than the {room} bytes this "
+                                  "server keeps per caller", param="image")
+        if stored + new_bytes > room:
+            raise RateLimited(f"your queued and running jobs hold {stored} bytes of documents; this one "
+                              f"({new_bytes} bytes) would pass the {room} bytes kept per caller; submit it as "
+                              "they finish", code="too_many_job_bytes", headers={"Retry-After": "10"})
 
     async def get(self, owner: str, job_id: str) -> JobRecord:
         job = await self.store.get(owner, job_id)

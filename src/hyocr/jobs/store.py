@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..types import MediaInput, OcrCall, PageResult
 from . import codec
-from .schema import deliveries, inputs, jobs, metadata, pages, ranges
+from .schema import deliveries, inputs, jobs, metadata, pages, ranges, upgrade
 
 ACTIVE = ("queued", "running")
 
@@ -44,7 +44,8 @@ class JobRecord:
     error: dict | None
     callback_url: str | None
     callback_headers: dict | None
-    queue_position: int | None = None
+    queue_position: int | None = None  # queued: how many of the owner's own queued jobs are ahead
+    request_digest: str | None = None  # codec.request_digest of the submit (None: stored by an older hyocr)
 
     @property
     def finished(self) -> bool:
@@ -62,16 +63,6 @@ class Claim:
     attempts: int
     pdf: bool
     call: OcrCall
-
-
-@dataclass(frozen=True, slots=True)
-class DueDelivery:
-    id: str
-    job_id: str
-    url: str
-    headers: dict
-    body: bytes
-    attempt: int
 
 
 def database_url(settings) -> str:
@@ -102,6 +93,7 @@ class JobStore:
         try:
             async with self.engine.begin() as db:
                 await db.run_sync(metadata.create_all)
+                await db.run_sync(upgrade)
         except (OSError, SQLAlchemyError) as exc:
             where = self.engine.url.render_as_string(hide_password=True)
             raise RuntimeError(f"the jobs database {where} cannot be opened: {type(exc).__name__}: {exc}") from None
@@ -113,15 +105,18 @@ class JobStore:
 
     async def submit(self, *, owner: str, idempotency_key: str | None, call: OcrCall, pdf: bool,
                      items: list[int], range_pages: int, task: str, requested_task: str, model: str,
-                     engine: str, callback_url: str | None, callback_headers: dict | None) -> tuple[JobRecord, bool]:
-        """(the job, whether it is new): a key already used by this owner returns that job."""
+                     engine: str, callback_url: str | None, callback_headers: dict | None,
+                     request_digest: str | None = None) -> tuple[JobRecord, bool]:
+        """(the job, whether it is new): a key already used by this owner returns that job (the caller
+        compares its ``request_digest``)."""
         if idempotency_key is not None and (known := await self.get_by_key(owner, idempotency_key)) is not None:
             return known, False
         job_id = f"job-{uuid.uuid4().hex}"
         try:
             async with self.engine.begin() as db:
                 await db.execute(insert(jobs).values(
-                    id=job_id, owner=owner, idempotency_key=idempotency_key, status="queued",
+                    id=job_id, owner=owner, idempotency_key=idempotency_key, request_digest=request_digest,
+                    status="queued",
                     created_at=time.time(), call=codec.call_to_json(call), pdf=int(pdf), pages_total=len(items),
                     task=task, requested_task=requested_task, model=model, engine=engine,
                     callback_url=callback_url, callback_headers=callback_headers))
@@ -172,11 +167,23 @@ class JobStore:
             out = []
             for row in rows:
                 position = None
-                if row["status"] == "queued":
+                if row["status"] == "queued":  # the owner's own jobs only: others' load is not theirs to see
                     position = await db.scalar(select(func.count()).select_from(jobs).where(
-                        jobs.c.status == "queued", jobs.c.created_at < row["created_at"]))
+                        jobs.c.owner == row["owner"], jobs.c.status == "queued",
+                        jobs.c.created_at < row["created_at"]))
                 out.append(_record(row, position))
         return out
+
+    async def backlog(self, owner: str) -> tuple[int, int]:
+        """(the owner's queued and running jobs, the bytes of documents they hold): what the per-caller caps
+        count. Finished jobs hold none: their inputs are deleted when they end."""
+        async with self.engine.connect() as db:
+            active = await db.scalar(select(func.count()).select_from(jobs).where(
+                jobs.c.owner == owner, jobs.c.status.in_(ACTIVE)))
+            stored = await db.scalar(select(func.coalesce(func.sum(func.length(inputs.c.data)), 0))
+                                     .select_from(inputs.join(jobs, jobs.c.id == inputs.c.job_id))
+                                     .where(jobs.c.owner == owner, jobs.c.status.in_(ACTIVE)))
+        return int(active or 0), int(stored or 0)
 
     async def pages_after(self, job_id: str, after: int, limit: int) -> tuple[list[tuple[int, int, PageResult]], bool]:
         """Stored pages in the order they were stored: (seq, position, page), and whether there are more."""
@@ -312,33 +319,6 @@ class JobStore:
             await db.execute(delete(inputs).where(inputs.c.job_id == job_id))
         return await self.get(None, job_id)
 
-    # ------------------------------------------------------------------ webhooks
-
-    async def add_delivery(self, delivery_id: str, job_id: str, url: str, headers: dict | None, body: bytes) -> None:
-        try:
-            async with self.engine.begin() as db:
-                await db.execute(insert(deliveries).values(id=delivery_id, job_id=job_id, url=url, headers=headers,
-                                                           body=body, attempt=0, next_at=0.0, state="pending"))
-        except IntegrityError:
-            pass  # queued once per event
-
-    async def due_deliveries(self, now: float, limit: int = 16) -> list[DueDelivery]:
-        async with self.engine.connect() as db:
-            rows = (await db.execute(select(deliveries).where(deliveries.c.state == "pending",
-                                                              deliveries.c.next_at <= now)
-                                     .order_by(deliveries.c.next_at).limit(limit))).mappings().all()
-        return [DueDelivery(r["id"], r["job_id"], r["url"], r["headers"] or {}, r["body"], r["attempt"] + 1)
-                for r in rows]
-
-    async def delivery_tried(self, delivery_id: str, *, attempt: int, delivered: bool, retry_in: float | None,
-                             status: int | None, error: str | None) -> None:
-        state = "delivered" if delivered else "pending" if retry_in is not None else "failed"
-        async with self.engine.begin() as db:
-            await db.execute(update(deliveries).where(deliveries.c.id == delivery_id).values(
-                attempt=attempt, state=state, next_at=time.time() + (retry_in or 0.0), last_status=status,
-                last_error=(error or "")[:1000] or None))
-
-
 async def _claim(db, range_id: int) -> Claim:
     row = (await db.execute(select(ranges, jobs.c.call, jobs.c.pdf).join(jobs, jobs.c.id == ranges.c.job_id)
                             .where(ranges.c.id == range_id))).mappings().one()
@@ -368,7 +348,7 @@ def _record(row: Any, position: int | None) -> JobRecord:
         pages_total=row["pages_total"], pages_done=row["done"] or 0, pages_failed=int(row["failed"] or 0),
         task=row["task"], requested_task=row["requested_task"], model=row["model"], engine=row["engine"],
         pdf=bool(row["pdf"]), error=row["error"], callback_url=row["callback_url"],
-        callback_headers=row["callback_headers"], queue_position=position,
+        callback_headers=row["callback_headers"], queue_position=position, request_digest=row["request_digest"],
     )
 
 

@@ -43,6 +43,7 @@ EVENT_TYPES = frozenset({"job.succeeded", "job.failed", "job.cancelled"})
 BACKOFF_BASE = 2.0  # seconds before the second attempt; doubles each time
 BACKOFF_CAP = 3600.0
 USER_AGENT = "hyocr-webhooks"
+RESOLVE_TIMEOUT = 5.0  # seconds a submit waits for the callback host's addresses
 SECRET_FILE = "webhook-secret"
 _PARAM = "callback_url"
 # Headers a caller's callback_headers may not set: the signature, the body's framing, the pinned Host.
@@ -140,9 +141,15 @@ async def _checked(url: str, policy: FetchPolicy) -> tuple[_Target, list[IPAddre
         raise _reworded(exc) from None
 
 
-async def check_callback_url(url: str, policy: FetchPolicy) -> None:
-    """Raise InvalidRequest (param callback_url) unless ``url`` may receive webhooks. Resolves the host."""
-    await _checked(url, policy)
+async def check_callback_url(url: str, policy: FetchPolicy, *, timeout: float = RESOLVE_TIMEOUT) -> None:
+    """Raise InvalidRequest (param callback_url) unless ``url`` may receive webhooks. Resolves the host,
+    within ``timeout`` seconds: a submit waits for no name server longer than that."""
+    try:
+        async with asyncio.timeout(timeout):
+            await _checked(url, policy)
+    except TimeoutError:
+        raise InvalidRequest(f"the callback URL's host did not resolve within {timeout:g} s", param=_PARAM,
+                             code="fetch_failed") from None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ redirects and the body; the body is counted while streaming and reading stops at
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import ipaddress
 import re
 import socket
@@ -103,10 +105,17 @@ class _Target:
         return f"{self.scheme}://{self.authority}{self.path}"
 
 
+# getaddrinfo blocks a thread for as long as the resolver takes (seconds, for a hostile name server). Its
+# own small pool, not the event loop's default one that decoding and PDF work share (6 threads on 2 cores):
+# slow names then delay only other lookups. Callers bound the wait (fetch and webhook deadlines).
+_RESOLVER = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="hyocr-dns")
+
+
 async def resolve_host(host: str, port: int) -> list[IPAddress]:
     """All addresses ``host`` resolves to, in the resolver's order. Tests replace this function."""
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    infos = await loop.run_in_executor(_RESOLVER, functools.partial(
+        socket.getaddrinfo, host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP))
     found: list[IPAddress] = []
     for *_, sockaddr in infos:
         ip = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])

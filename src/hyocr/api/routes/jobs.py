@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ...errors import InvalidRequest
@@ -23,6 +23,9 @@ router = APIRouter(tags=["jobs"])
 _ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}}
 _JOB_FORM_FIELDS = (_FORM_FIELDS - {"stream"}) | {"callback_url"}
 _JSON_LINES = "application/x-ndjson"
+# Integer query parameters are bounded here, before the database sees them (SQLite's integers are 64-bit:
+# 2**63 would be an OverflowError). 2**53 - 1: the largest integer a JavaScript client holds exactly.
+MAX_SEQ = 2**53 - 1
 
 
 def _jobs(request: Request) -> Jobs:
@@ -54,7 +57,8 @@ async def submit(request: Request):
 
 
 @router.get("/v1/jobs", responses=_ERRORS, summary="The caller's jobs, newest first")
-async def list_jobs(request: Request, limit: int = 20, after: str | None = None):
+async def list_jobs(request: Request, limit: int = Query(20, ge=1, le=100),
+                    after: str | None = Query(None, max_length=128)):
     found, more = await _jobs(request).list(_owner(request), limit=limit, after=after)
     return {"object": "list", "data": [job_body(j) for j in found], "has_more": more,
             "last_id": found[-1].id if found else None}
@@ -74,9 +78,8 @@ async def job_result(request: Request, job_id: str):
 
 @router.get("/v1/jobs/{job_id}/pages", responses=_ERRORS,
             summary="Pages stored so far, in the order they finished (JSON, or JSON lines)")
-async def job_pages(request: Request, job_id: str, after: int = 0, limit: int = 100):
-    if not 1 <= limit <= 1000:
-        raise InvalidRequest("limit must be 1 to 1000", param="limit")
+async def job_pages(request: Request, job_id: str, after: int = Query(0, ge=0, le=MAX_SEQ),
+                    limit: int = Query(100, ge=1, le=1000)):
     found, more = await _jobs(request).pages(_owner(request), job_id, after=after, limit=limit)
     data = [job_page_body(seq, position, page) for seq, position, page in found]
     if _JSON_LINES in request.headers.get("accept", ""):

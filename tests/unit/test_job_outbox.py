@@ -1,0 +1,107 @@
+"""The webhook outbox and the schema upgrade on a real SQLite file: a delivery claimed by one replica is not
+sent by another, the per-receiver bound holds, a lapsed claim is due again, and a database made before a
+column existed gets it."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from types import SimpleNamespace
+
+from hyocr.jobs import outbox as outbox_module
+from hyocr.jobs.outbox import Outbox, receiver
+from hyocr.jobs.store import JobStore
+from hyocr.jobs.webhooks import Outcome
+from hyocr.pipeline.fetch import FetchPolicy
+from hyocr.types import MediaInput, OcrCall, Task
+
+SETTINGS = SimpleNamespace(webhook_timeout=5.0, webhook_concurrency=64, webhook_host_concurrency=2,
+                           webhook_max_attempts=3)
+
+
+async def _store(tmp_path) -> JobStore:
+    store = JobStore(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}")
+    await store.open()
+    return store
+
+
+def test_receivers_are_host_and_port():
+    assert receiver("https://Hooks.Example.com/a") == receiver("https://hooks.example.com:443/b")
+    assert receiver("http://h.test/x") != receiver("http://h.test:8080/x")
+    assert receiver("http://[::1]:99999/x") == "http://[::1]:99999/x"  # unparseable: a receiver of its own
+
+
+def test_two_replicas_never_send_one_delivery_and_each_receiver_is_bounded(tmp_path, monkeypatch):
+    sent: list[str] = []
+    release = asyncio.Event()
+
+    async def deliver(delivery, signer, policy, **_):  # a receiver that answers when told to
+        sent.append(delivery.id)
+        await release.wait()
+        return Outcome(True, 204, None, None)
+
+    monkeypatch.setattr(outbox_module, "deliver", deliver)
+
+    async def scenario():
+        store = await _store(tmp_path)
+        replicas = [Outbox(store.engine, SETTINGS, policy=FetchPolicy(())) for _ in range(2)]
+        for box in replicas:
+            box.signer = object()
+        for n in range(5):
+            await replicas[0].add(f"slow-{n}", f"job-{n}", "http://slow.test/hook", None, b"{}")
+        await replicas[0].add("other", "job-x", "http://other.test/hook", None, b"{}")
+        await replicas[0].add("other", "job-x", "http://other.test/hook", None, b"{}")  # queued once
+        started = await asyncio.gather(*(box.start_due(time.time()) for box in replicas))
+        await asyncio.sleep(0.05)
+        # each replica may hold two slow.test slots; the other receiver is not held up behind them
+        assert sum(started) == len(sent) == len(set(sent)) and "other" in sent
+        assert sum(s.startswith("slow") for s in sent) == 4
+        assert await replicas[0].start_due(time.time()) == 0  # nothing more is due: claimed or bounded
+        release.set()
+        await asyncio.sleep(0.05)
+        assert await replicas[1].start_due(time.time()) == 1  # the fifth, once a slot is free
+        await asyncio.sleep(0.05)
+        assert len(sent) == len(set(sent)) == 6
+        await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_claim_that_lapses_makes_the_delivery_due_again(tmp_path):
+    async def scenario():
+        store = await _store(tmp_path)
+        box = Outbox(store.engine, SETTINGS, policy=FetchPolicy(()))
+        await box.add("d1", "job-1", "http://h.test/x", None, b"{}")
+        (due,) = await box.due(time.time())
+        assert await box.claim(due, hold=0.2) is True
+        assert await box.claim(due, hold=0.2) is False  # taken: its next_at moved
+        assert await box.due(time.time()) == []
+        await asyncio.sleep(0.3)
+        (again,) = await box.due(time.time())
+        assert again.id == "d1" and again.attempt == 1
+        await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_older_database_gets_the_new_columns(tmp_path):
+    async def make():
+        store = await _store(tmp_path)
+        await store.close()
+
+    asyncio.run(make())
+    with sqlite3.connect(tmp_path / "jobs.db") as db:  # as hyocr made it before request_digest existed
+        db.execute("ALTER TABLE hyocr_jobs DROP COLUMN request_digest")
+        assert "request_digest" not in [r[1] for r in db.execute("PRAGMA table_info(hyocr_jobs)")]
+
+    async def reopen():
+        store = await _store(tmp_path)
+        job, created = await store.submit(
+            owner="a", idempotency_key="k", call=OcrCall(media=(MediaInput(b"x"),), task=Task.TEXT), pdf=False,
+            items=[0], range_pages=1, task="text", requested_task="text", model="m", engine="fake",
+            callback_url=None, callback_headers=None, request_digest="d" * 64)
+        assert created and (await store.get_by_key("a", "k")).request_digest == "d" * 64
+        await store.close()
+
+    asyncio.run(reopen())
