@@ -73,9 +73,13 @@ def error_headers(exc: HyocrError) -> dict[str, str]:
 
 
 def hyocr_error_body(exc: HyocrError, request_id: str) -> tuple[int, dict]:
+    """The status and body of ``exc`` for the client; an internal one is logged here, with the request id,
+    whichever way it leaves (a response, a stream's error event). Its message (an engine's holds the
+    exception chain) stays in the log; the client sees the id and the root cause's type."""
     if exc.public:
         return exc.status, error_body(exc.message, exc.type, exc.param, exc.code)
-    return exc.status, error_body(internal_message(request_id), exc.type, None, exc.code)
+    log.error("request %s failed: %s: %s", request_id, type(exc).__name__, exc.message)
+    return exc.status, error_body(exc.shown(internal_message(request_id)), exc.type, None, exc.code)
 
 
 def validation_message(errors: list) -> tuple[str, str | None]:
@@ -94,10 +98,7 @@ def validation_message(errors: list) -> tuple[str, str | None]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HyocrError)
     async def _hyocr(request: Request, exc: HyocrError) -> JSONResponse:
-        rid = request_id_of(request)
-        if not exc.public:
-            log.error("request %s failed: %s: %s", rid, type(exc).__name__, exc.message)
-        status, body = hyocr_error_body(exc, rid)
+        status, body = hyocr_error_body(exc, request_id_of(request))
         return JSONResponse(body, status_code=status, headers=error_headers(exc) or None)
 
     @app.exception_handler(RequestValidationError)

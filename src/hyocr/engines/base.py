@@ -11,6 +11,7 @@ import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from ..errors import HyocrError, InvalidRequest, ServiceUnavailable
 from ..types import EngineChunk, EngineRequest, Task
 
 
@@ -25,9 +26,25 @@ class EngineInfo:
     max_images: int = 1  # images per engine request
     adapters: tuple[str, ...] = ()  # LoRA adapters a request can select by model name
     structured: bool = False  # decodes under an output constraint (SamplingParams.structured)
+    # Why ``structured`` is False on an engine that has the capability: its start-up check failed
+    # (engines/capabilities.py). Safe to show a client: what failed and the root cause's type.
+    structured_off: str = ""
     version: str = ""  # HunyuanOCR 1.0 | 1.5 (hunyuan/versions.py): the repetition rules follow it
     defaults: dict[str, float] = field(default_factory=dict)  # the checkpoint's decoding defaults
     details: dict[str, str] = field(default_factory=dict)  # revision, model path, versions
+
+
+def structured_refusal(info: EngineInfo, param: str) -> HyocrError:
+    """The error for a request with an output constraint that the engine will not take: a 503 where its
+    start-up check turned the capability off (a fault of this server, which /v1/models reports), a 400
+    where the engine has none."""
+    if info.structured_off:
+        return ServiceUnavailable(f"structured outputs are off on this server: {info.structured_off}; "
+                                  "/v1/models (structured_outputs_check) and the server log say more",
+                                  param=param, code="structured_outputs_unavailable")
+    return InvalidRequest(f"the {info.name} engine cannot constrain its output to a schema "
+                          "(vllm can; transformers with xgrammar installed; openai when its upstream can)",
+                          param=param, code="structured_outputs_unsupported")
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, engine_failure
 from ..observability.logs import record
 from ..types import StructuredOutput
 
@@ -96,7 +96,11 @@ class Grammars:
     def _compile_and_keep(self, constraint: StructuredOutput) -> Any:
         started = time.perf_counter()
         try:
-            compiled = self._compile(constraint)
+            compiler = self.compiler
+        except Exception as exc:  # xgrammar missing or broken: this server's fault, not the schema's
+            raise engine_failure(exc, "the grammar compiler could not start") from exc
+        try:
+            compiled = self._compile(compiler, constraint)
         except (RuntimeError, ValueError) as exc:  # xgrammar's refusal of a schema it cannot express
             raise InvalidRequest(f"the schema cannot be compiled to a grammar: {str(exc)[:300]}",
                                  param="schema", code="invalid_schema") from None
@@ -108,23 +112,25 @@ class Grammars:
                 self._cache.popitem(last=False)
         return compiled
 
-    def _compile(self, constraint: StructuredOutput) -> Any:
+    def _compile(self, compiler: Any, constraint: StructuredOutput) -> Any:
         import xgrammar as xgr
 
         # Compact JSON, as vLLM's disable_any_whitespace: no whitespace between tokens to loop in.
         if constraint.json_schema is not None:
-            return self.compiler.compile_json_schema(constraint.json_schema, any_whitespace=False,
-                                                     separators=(",", ":"))
+            return compiler.compile_json_schema(constraint.json_schema, any_whitespace=False, separators=(",", ":"))
         if constraint.json_object:
-            return self.compiler.compile_json_schema('{"type": "object"}', any_whitespace=False,
-                                                     separators=(",", ":"))
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False, separators=(",", ":"))
         choices = " | ".join(_ebnf_string(c) for c in constraint.choice)
-        return self.compiler.compile_grammar(xgr.Grammar.from_ebnf(f"root ::= {choices}"))
+        return compiler.compile_grammar(xgr.Grammar.from_ebnf(f"root ::= {choices}"))
 
     def matcher(self, constraint: StructuredOutput) -> Any:
         import xgrammar as xgr
 
-        return xgr.GrammarMatcher(self.compile(constraint))
+        compiled = self.compile(constraint)
+        try:
+            return xgr.GrammarMatcher(compiled)
+        except Exception as exc:  # the compiled grammar was fine: the matcher is the fault
+            raise engine_failure(exc, "the grammar matcher could not start") from exc
 
 
 def _ebnf_string(text: str) -> str:

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING
 import httpx
 
 from ..config import SettingsError
-from ..errors import EngineError, HyocrError, InvalidRequest, ServiceUnavailable
+from ..errors import (
+    EngineError,
+    HyocrError,
+    InvalidRequest,
+    ServiceUnavailable,
+    exception_chain,
+    root_cause_type,
+)
 from ..hunyuan.chat import chat_messages, data_url, sampling_kwargs
 from ..hunyuan.geometry import PixelBounds, fit_image
 from ..types import EngineChunk, EngineRequest, FinishReason, StructuredOutput
@@ -193,10 +200,12 @@ class OpenAIUpstreamEngine(Engine):
                 raise ServiceUnavailable("the upstream server is unreachable", code="upstream_unreachable") from exc
             except httpx.TimeoutException as exc:
                 self.breaker.failure()
-                raise EngineError(f"upstream timed out: {type(exc).__name__}") from exc
+                raise EngineError(f"upstream timed out: {exception_chain(exc)}",
+                                  cause_type=root_cause_type(exc)) from exc
             except httpx.HTTPError as exc:  # connection lost mid-stream, protocol errors
                 self.breaker.failure()
-                raise EngineError(f"upstream connection failed: {type(exc).__name__}") from exc
+                raise EngineError(f"upstream connection failed: {exception_chain(exc)}",
+                                  cause_type=root_cause_type(exc)) from exc
         raise ServiceUnavailable("the upstream server is overloaded", code="upstream_overloaded")
 
     def _http_error(self, resp: httpx.Response) -> HyocrError:

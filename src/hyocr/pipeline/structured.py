@@ -19,7 +19,8 @@ from ..errors import InvalidRequest
 from ..hunyuan.extraction import extract_json
 from ..types import StructuredOutput
 
-__all__ = ["JSON_OBJECT", "extraction", "extraction_keys", "from_choice", "from_schema", "parse_output"]
+__all__ = ["JSON_OBJECT", "extraction", "extraction_keys", "from_choice", "from_schema", "parse_output",
+           "pattern_size"]
 
 MAX_SCHEMA_BYTES = 32_768  # the schema as compact JSON
 MAX_DEPTH = 10  # subschemas nested in subschemas
@@ -29,7 +30,7 @@ MAX_BOUND = 10_000  # minLength / maxLength / minItems / maxItems / minPropertie
 MAX_LENGTH_BOUNDS = 8  # distinct string length bounds (each costs up to ~1 s of compiling)
 MAX_PATTERNS = 16
 MAX_PATTERN_CHARS = 256
-MAX_PATTERN_REPEAT = 1000  # a{n} / a{m,n} inside a pattern
+MAX_PATTERN_REPEAT = 1000  # items a pattern is once its counted repetitions are written out (pattern_size)
 MAX_CHOICES = 100
 MAX_CHOICE_CHARS = 1000
 
@@ -40,7 +41,8 @@ _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONES = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames",
                 "unevaluatedProperties", "unevaluatedItems", "additionalItems")
 _BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
-_REPEAT = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
+# {n}, {m,}, {m,n}, {,n} (whitespace tolerated: counted even where a regex engine reads it as literal text)
+_QUANTIFIER = re.compile(r"\{\s*(\d*)\s*(,\s*(\d*)\s*)?\}")
 MAX_JSON_DEPTH = 4 * MAX_DEPTH  # the whole document, whatever keywords nest it (a subschema is ~2 levels)
 
 
@@ -64,18 +66,70 @@ def _check_pattern(pattern: Any, budget: _Budget) -> None:
         raise budget.refuse(f"at most {MAX_PATTERNS} patterns")
     if len(pattern) > MAX_PATTERN_CHARS:
         raise budget.refuse(f"a pattern is limited to {MAX_PATTERN_CHARS} characters")
-    # All counted repetitions of a pattern together, so nesting ((a{1000}){1000}) cannot multiply past the bound
-    total = 0
-    for low, high in _REPEAT.findall(pattern):
-        if not low and not high:
-            continue
-        total += max(int(low or 0), int(high or MAX_PATTERN_REPEAT + 1))
-    if total > MAX_PATTERN_REPEAT:
-        raise budget.refuse(f"a pattern's counted repetitions ({{m,n}}) may add up to at most {MAX_PATTERN_REPEAT}")
+    if pattern_size(pattern) > MAX_PATTERN_REPEAT:
+        raise budget.refuse(f"a pattern written out with its counted repetitions ({{n}}, {{m,}}, {{m,n}}; nested ones "
+                            f"multiply) may add up to at most {MAX_PATTERN_REPEAT} items")
     try:
         re.compile(pattern)
     except re.error as exc:
         raise budget.refuse(f"invalid pattern {pattern[:40]!r}: {exc}") from None
+
+
+def pattern_size(pattern: str) -> int:
+    """How many items (characters, classes, escapes) ``pattern`` is once its counted repetitions are written
+    out, as a grammar compiler expands them: ``a{6}`` is 6, ``a{6,}`` 6 (the rest is a loop), ``a{2,6}`` 6,
+    ``(ab){3}`` 6, and nested counts multiply. ``\\{`` and a ``{`` that starts no count are literals; ``*``,
+    ``+``, ``?`` and the anchors add nothing. Over-counts a little (group flags), never under-counts. Stops once
+    past MAX_PATTERN_REPEAT, so a hostile count costs nothing to add up."""
+    sizes = [0]  # each open group's size so far, the pattern's own first
+    last = 0  # the size of the item a quantifier here repeats (0 after "(" or "|": nothing to repeat)
+    i = 0
+    while i < len(pattern) and sizes[-1] <= MAX_PATTERN_REPEAT:
+        ch = pattern[i]
+        if ch == "{" and (count := _count(pattern, i)) is not None:
+            times, i = count
+            sizes[-1] += last * (times - 1)  # the item is in once already
+            last *= times
+            continue
+        if ch == "(":
+            sizes.append(0)
+            last = 0
+        elif ch in "|^$":  # an alternative starts; anchors match no character
+            last = 0
+        elif ch == ")":
+            last = sizes.pop() if len(sizes) > 1 else 0  # unbalanced: re.compile refuses it afterwards
+            sizes[-1] += last
+        elif ch not in "*+?":  # one item: a character, an escape, a class
+            last = 1
+            sizes[-1] += 1
+            if ch == "\\":
+                i += 1
+            elif ch == "[":
+                i = _class_end(pattern, i) - 1
+        i += 1
+    return max(sizes)
+
+
+def _count(pattern: str, at: int) -> tuple[int, int] | None:
+    """The count of the quantifier at ``pattern[at] == "{"`` and where it ends, or None: a literal brace."""
+    match = _QUANTIFIER.match(pattern, at)
+    if match is None or not (match[1] or match[3]):
+        return None
+    digits = match[3] if match[2] and match[3] else match[1]  # {m,n} and {,n}: n; {n} and {m,}: the number given
+    count = int(digits) if len(digits) <= 6 else MAX_PATTERN_REPEAT + 1
+    return max(count, 1), match.end()
+
+
+def _class_end(pattern: str, at: int) -> int:
+    """Where the character class opened at ``pattern[at] == "["`` ends (a "]" first in it is a literal)."""
+    i = at + 1
+    if pattern.startswith("^", i):
+        i += 1
+    if pattern.startswith("]", i):
+        i += 1
+    while i < len(pattern) and pattern[i] != "]":
+        i += 2 if pattern[i] == "\\" else 1
+    return i + 1
 
 
 def _walk(node: Any, depth: int, budget: _Budget) -> None:

@@ -27,6 +27,7 @@ from ...hunyuan.geometry import PixelBounds
 from ...types import EngineChunk, EngineRequest
 from .. import grammar
 from ..base import Engine, EngineInfo
+from ..capabilities import check_structured
 from ..registry import ALL_TASKS
 from .batch import RunningBatch
 from .prompts import encode, load_processor
@@ -147,6 +148,8 @@ class TransformersEngine(Engine):
             self.model_id, self.revision or "main", self.subfolder or "-", self.device, self.dtype,
             time.perf_counter() - started,
         )
+        if self.grammars is not None:  # a failure turns structured outputs off (/v1/models says why), no more
+            await check_structured(self)
 
     def _load(self) -> None:
         import torch
@@ -176,7 +179,7 @@ class TransformersEngine(Engine):
         text_config = getattr(self.model.config, "text_config", self.model.config)
         self.max_model_len = self.max_model_len or getattr(text_config, "max_position_embeddings", None)
         self._apply_checkpoint()
-        if self.info.structured:
+        if grammar.available():  # not info.structured: a failed check turned that off, and a restart checks again
             self.grammars = grammar.Grammars(self.processor.tokenizer, text_config.vocab_size,
                                              stop_token_ids=self.eos_ids)
         self._loaded = True

@@ -36,6 +36,7 @@ from ...types import (
     Task,
 )
 from ..base import EngineInfo, Replica, SharedEngine
+from ..capabilities import check_structured
 from ..registry import ALL_TASKS
 from . import compat
 from .args import (
@@ -218,6 +219,7 @@ class VllmEngine(SharedEngine):
     async def first_calls(self) -> None:
         await self.check_vision_encoder()
         await self.warm_up()
+        await check_structured(self)  # a failure turns structured outputs off (/v1/models says why), no more
 
     def pixel_path(self) -> bool:
         """The image processor's bit-identical fast path (pixels.py) in this process, or
