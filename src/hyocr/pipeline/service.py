@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
-from ..engines.base import Engine
+from ..engines.base import Engine, structured_refusal
 from ..engines.registry import engines_for
 from ..errors import GatewayTimeout, InvalidRequest, UnsupportedTask
 from ..hunyuan.prompts import V15_TASKS, build_prompt
@@ -219,13 +219,10 @@ class OcrService:
 
     def resolve_task(self, call: OcrCall) -> tuple[Task, Task]:
         """(task that will run, task that was asked). Raises UnsupportedTask for strict calls, and
-        InvalidRequest for an output constraint the engine cannot keep."""
+        ``structured_refusal``'s error for an output constraint the engine cannot keep (a 400, or a 503 where
+        its start-up check turned structured outputs off)."""
         if call.sampling.structured is not None and not self.engine.info.structured:
-            raise InvalidRequest(
-                f"the {self.engine.info.name} engine cannot constrain its output to a schema "
-                "(vllm can; transformers with xgrammar installed; openai when its upstream can)",
-                param="schema" if call.strict_task else "response_format", code="structured_outputs_unsupported",
-            )
+            raise structured_refusal(self.engine.info, "schema" if call.strict_task else "response_format")
         requested = call.task
         if self.engine.supports(requested):
             return requested, requested
