@@ -4,6 +4,8 @@ retried submit safe, the seq cursor of iter_job_pages, and wait's polling (no re
 from __future__ import annotations
 
 import asyncio
+import email.parser
+import email.policy
 import json
 
 import httpx
@@ -54,7 +56,21 @@ def clients(server: Server):
     return sync, aio, sleeps
 
 
-def test_submit_is_json_with_an_idempotency_key_kept_across_retries():
+def form_of(request: httpx.Request) -> tuple[dict[str, str], list[tuple[str, bytes]]]:
+    """A multipart request's text fields, and its files as (field, bytes) in the order sent."""
+    head = f"Content-Type: {request.headers['content-type']}\r\n\r\n".encode()
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + request.content)
+    fields, files = {}, []
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if part.get_filename() is None:
+            fields[name] = part.get_content()
+        else:
+            files.append((name, part.get_payload(decode=True)))
+    return fields, files
+
+
+def test_submit_uploads_files_with_an_idempotency_key_kept_across_retries():
     server = Server({("POST", "/v1/jobs"): [httpx.ReadTimeout("lost"), httpx.Response(
         202, json=job(), headers={"Location": "/v1/jobs/job-1", "Retry-After": "2"})]})
     sync, _, sleeps = clients(server)
@@ -65,12 +81,15 @@ def test_submit_is_json_with_an_idempotency_key_kept_across_retries():
     keys = {first.headers["idempotency-key"], second.headers["idempotency-key"]}
     # generated once per call: the retry cannot make two jobs
     assert len(sleeps) == 1 and len(keys) == 1 and len(keys.pop()) >= 32
-    body = json.loads(second.content)
-    assert body["task"] == "text" and body["pages"] == "1-2" and body["image"] and "stream" not in body
-    assert body["callback_url"] == "https://cb" and body["callback_headers"] == {"X-A": "1"}
+    fields, files = form_of(second)  # the file as it is, not base64 in JSON
+    assert files == [("file", b"\x89PNG...")] and form_of(first) == (fields, files)
+    assert fields["task"] == "text" and fields["pages"] == "1-2" and "stream" not in fields
+    assert fields["callback_url"] == "https://cb" and json.loads(fields["callback_headers"]) == {"X-A": "1"}
     sync.submit_job([b"a", b"b"], idempotency_key="mine")
     assert server.requests[-1].headers["idempotency-key"] == "mine"
-    assert len(json.loads(server.requests[-1].content)["images"]) == 2
+    assert form_of(server.requests[-1])[1] == [("files", b"a"), ("files", b"b")]  # pages in order
+    sync.submit_job("data:image/png;base64,QUJD")  # a data URL is text already: JSON
+    assert json.loads(server.requests[-1].content)["image"] == "data:image/png;base64,QUJD"
     with pytest.raises(TypeError, match="does not stream"):
         sync.submit_job(b"a", on_page=print)
 

@@ -9,6 +9,7 @@ from ..config import Settings
 from ..errors import InvalidRequest
 from ..hunyuan.prompts import match_prompt, parse_task
 from ..pipeline import structured
+from ..pipeline.media import MediaLimits, check_base64_size
 from ..types import MediaInput, OcrCall, SamplingParams, StructuredOutput, Task
 from .protocol import (
     MAX_TEXT_CHARS,
@@ -107,12 +108,12 @@ def _one_constraint(req: StructuredFields) -> StructuredOutput | None:
     return given[0][1] if given else None
 
 
-def _media_from_url(url: str, param: str) -> MediaInput:
-    if url[:5].lower() == "data:":
-        return MediaInput(url, param=param)
+def _media_from_url(url: str, param: str, settings: Settings, *, accept_pdf: bool = False) -> MediaInput:
     if url[:7].lower() in ("http://", "https:/"):
         return MediaInput(url, param=param, url=True)  # fetched only if the server allows URLs
-    # Bare base64 is common in hand-written clients; accept it.
+    # A data URL, or bare base64 (common in hand-written clients). One over its cap is refused here (413, from
+    # its length), before the request waits for an engine slot.
+    check_base64_size(url, MediaLimits.from_settings(settings), param=param, accept_pdf=accept_pdf)
     return MediaInput(url, param=param)
 
 
@@ -200,7 +201,7 @@ def chat_call(req: ChatCompletionRequest, settings: Settings) -> OcrCall:
         for j, part in enumerate(user.content or []):
             if isinstance(part, ImagePart):
                 url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
-                media.append(_media_from_url(url, f"messages.{index}.content.{j}.image_url"))
+                media.append(_media_from_url(url, f"messages.{index}.content.{j}.image_url", settings))
             else:
                 texts.append(part.text)
     sampling = replace(sampling_from(req, settings), structured=structured_from(req))
@@ -222,7 +223,8 @@ def completion_call(req: CompletionRequest, settings: Settings) -> OcrCall:
     if req.suffix:
         raise InvalidRequest("suffix is not supported", param="suffix")
     images = ([req.image] if req.image else []) + list(req.images or [])
-    media = [_media_from_url(img, "image" if i == 0 and req.image else f"images.{i}") for i, img in enumerate(images)]
+    media = [_media_from_url(img, "image" if i == 0 and req.image else f"images.{i}", settings)
+             for i, img in enumerate(images)]
     return prompt_call(prompt, media, replace(sampling_from(req, settings), structured=structured_from(req)),
                        model=req.model)
 
@@ -235,10 +237,11 @@ def ocr_call(
 ) -> OcrCall:
     """/v1/ocr (JSON body, or multipart form fields validated into the same model)."""
     refuse_engine_overrides(req)
+    sent = [(req.image, "image")] if req.image else []
+    sent += [(img, f"images.{i}") for i, img in enumerate(req.images or [])]
+    one = len(sent) + len(uploads or []) == 1  # a PDF is read on its own (pipeline/inputs.py)
     media = list(uploads or [])
-    if req.image:
-        media.append(_media_from_url(req.image, "image"))
-    media += [_media_from_url(img, f"images.{i}") for i, img in enumerate(req.images or [])]
+    media += [_media_from_url(data, param, settings, accept_pdf=one) for data, param in sent]
     fields = req.fields
     if isinstance(fields, str):  # form field "name,date" or a JSON list in a string
         fields = [f for f in (s.strip().strip("'\"[]") for s in fields.split(",")) if f]

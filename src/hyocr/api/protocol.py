@@ -8,6 +8,7 @@ client reach into the engine (chat templates, processor kwargs): those are refus
 from __future__ import annotations
 
 import re
+import sys
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -16,6 +17,7 @@ from pydantic import (
     Field,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    WithJsonSchema,
     WrapValidator,
     field_validator,
     model_serializer,
@@ -44,6 +46,12 @@ REFUSED_FIELDS = (
 # message's text part, and all of a chat request's text together (those two: api/convert.py). 1 M characters is hundreds of pages of text, far past any
 # model's context; more is a mistake or an attack, refused (400) before it reaches the engine.
 MAX_TEXT_CHARS = 1_000_000
+
+
+# An image or a PDF as base64 or a data URL: not held to MAX_TEXT_CHARS (a 1.5 MB scan is 2 M characters).
+# The body cap (MAX_BODY_BYTES) bounds it; the media caps (MAX_IMAGE_BYTES, MAX_PDF_BYTES) apply to its
+# decoded size, known from its length before anything is decoded (pipeline/media.py check_base64_size: 413).
+MediaStr = Annotated[str, Field(max_length=sys.maxsize), WithJsonSchema({"type": "string"})]
 
 
 class WireModel(BaseModel):
@@ -86,7 +94,7 @@ class SamplingFields(WireModel):
 
 
 class ImageURL(BaseModel):
-    url: str = Field(..., max_length=200_000_000)
+    url: MediaStr
     detail: str | None = None
 
 
@@ -97,7 +105,7 @@ class TextPart(BaseModel):
 
 class ImagePart(BaseModel):
     type: Literal["image_url"]
-    image_url: ImageURL | str
+    image_url: ImageURL | MediaStr
 
 
 ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
@@ -153,8 +161,8 @@ class CompletionRequest(SamplingFields, StructuredFields):
 
     model: str | None = None
     prompt: str | list[str] = ""
-    image: str | None = Field(None, description="base64 or data URL (the reference article's shape)")
-    images: list[str] | None = Field(None, max_length=64)
+    image: MediaStr | None = Field(None, description="base64 or data URL (the reference article's shape)")
+    images: list[MediaStr] | None = Field(None, max_length=64)
     stream: bool = False
     stream_options: StreamOptions | None = None
     echo: bool = False
@@ -167,9 +175,11 @@ class CompletionRequest(SamplingFields, StructuredFields):
 
 class OcrJsonRequest(SamplingFields):
     model_config = ConfigDict(populate_by_name=True)
+    # Fields a multipart form sends as JSON text (api/routes/ocr.py read_body parses them).
+    form_json: ClassVar[frozenset[str]] = frozenset()
 
-    image: str | None = Field(None, description="base64 or data URL: an image or a PDF")
-    images: list[str] | None = Field(None, max_length=64, description="several pages (images)")
+    image: MediaStr | None = Field(None, description="base64 or data URL: an image or a PDF")
+    images: list[MediaStr] | None = Field(None, max_length=64, description="several pages (images)")
     task: str = "spotting"
     fields: list[str] | str | None = Field(None, description="field names for task=extract")
     extraction_schema: dict[str, Any] | str | None = Field(
@@ -186,10 +196,15 @@ class OcrJsonRequest(SamplingFields):
 
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}")
+# RFC 9110 field-value in ASCII: visible characters, inner spaces and tabs. obs-text (bytes 0x80-0xFF) is only
+# tolerated by HTTP, read as ISO-8859-1 if at all, and the webhook sender cannot write it: refused too.
+_HEADER_VALUE = re.compile(r"(?:[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?")
 
 
 class JobJsonRequest(OcrJsonRequest):
     """POST /v1/jobs: the /v1/ocr request, read in the background, with an optional webhook."""
+
+    form_json = frozenset({"callback_headers"})
 
     callback_url: str | None = Field(None, max_length=2048, description="POSTed (signed, Standard Webhooks) "
                                      "when the job ends: succeeded, failed or cancelled")
@@ -199,10 +214,22 @@ class JobJsonRequest(OcrJsonRequest):
     @field_validator("callback_headers")
     @classmethod
     def _http_headers(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        """Headers the webhook can send as given: checked here, where a 400 can say so, not at delivery. The
+        whitespace around a value is not part of it in HTTP (RFC 9110 5.5), so it is taken off."""
+        headers = {}
         for name, value in (v or {}).items():
-            if not _HEADER_NAME.fullmatch(name) or len(value) > 4096 or any(c in value for c in "\r\n\0"):
-                raise ValueError(f"{name[:64]!r}: not an HTTP header name and value (at most 4096 characters)")
-        return v
+            value = value.strip(" \t")
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"{name[:64]!r} is not an HTTP header name (a token, at most 64 characters)")
+            if len(value) > 4096:
+                raise ValueError(f"{name}: the value is longer than 4096 characters")
+            if not value.isascii():
+                raise ValueError(f"{name}: HTTP header values are ASCII (ISO-8859-1 at most, which receivers "
+                                 "seldom decode as sent): encode other text first (percent-encoding, base64)")
+            if not _HEADER_VALUE.fullmatch(value):
+                raise ValueError(f"{name}: an HTTP header value cannot hold control characters (CR, LF, ...)")
+            headers[name] = value
+        return headers if v is not None else None
 
 
 # ---------------------------------------------------------------- the /v1/ocr result

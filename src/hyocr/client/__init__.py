@@ -3,6 +3,9 @@
     with HyocrClient("http://127.0.0.1:8000") as client:
         print([(b.text, b.box) for b in client.ocr("card.png").pages[0].blocks])  # lines, pixel boxes
 
+Images and PDFs given as bytes or paths are sent as a multipart upload, as they are (``ocr``, ``ocr_many``,
+``submit_job``); a ``data:`` URL, text already, goes in a JSON body.
+
 Retries (the reference article promises "a 3 s timeout and at most 2 retries"): ``timeout`` bounds each
 attempt, ``total_timeout`` a whole call (by default, room for every attempt at its full timeout plus the
 backoffs, so it only bites on a long ``Retry-After``). Retried, at most ``max_retries`` times, after a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,21 +78,37 @@ def json_images(images: Sequence[ImageInput]) -> list[str]:
     return [i if _is_data_url(i) else base64.b64encode(_image_bytes(i)[1]).decode() for i in images]
 
 
+def media_body(images: Sequence[ImageInput], body: dict[str, Any], *, many: bool) -> dict[str, Any]:
+    """The request's body (httpx keywords) for /v1/ocr and /v1/jobs. Images given as bytes or paths go as a
+    multipart upload (``file``, or ``files`` for several, in order), sent from their bytes as they are:
+    base64 in JSON would be a third larger and copied twice more on the way. Where a data URL is among them
+    (text already), all go as JSON (``image``, or ``images``), the rest in base64."""
+    if any(_is_data_url(i) for i in images):
+        pages = json_images(images)
+        return {"json": {"images": pages, **body} if many else {"image": pages[0], **body}}
+    field = "files" if many else "file"
+    files = [(field, (name, data, "application/octet-stream")) for name, data in map(_image_bytes, images)]
+    return {"files": files, "data": {k: _form_value(v) for k, v in body.items()}}
+
+
+def _form_value(value: Any) -> str:
+    """An option as the server's form reads it: lists comma-separated, true/false, objects as JSON text."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple):
+        return ",".join(value)
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
+
+
 def ocr_call(images: Sequence[ImageInput], options: OcrOptions, *, many: bool = False) -> Call:
-    """POST /v1/ocr: one image as a multipart upload (a data URL as JSON ``image``), several as JSON
-    ``images`` in base64."""
+    """POST /v1/ocr: the images as ``media_body`` sends them (a multipart upload, or JSON for data URLs)."""
     if many and (isinstance(images, bytes | str | Path) or not images):
         raise ValueError("ocr_many() takes a non-empty sequence of images")
     body, timeout, on_page = ocr_body(options)
-    if many or _is_data_url(images[0]):
-        pages = json_images(images)
-        kwargs: dict[str, Any] = {"json": {"images": pages, **body} if many else {"image": pages[0], **body}}
-    else:
-        name, data = _image_bytes(images[0])
-        form = {k: ",".join(v) if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else str(v)
-                for k, v in body.items()}
-        kwargs = {"files": {"file": (name, data, "application/octet-stream")}, "data": form}
-    return Call("POST", "/v1/ocr", kwargs, lambda r: OcrResult.from_json(r.json()), timeout, on_page=on_page)
+    return Call("POST", "/v1/ocr", media_body(images, body, many=many),
+                lambda r: OcrResult.from_json(r.json()), timeout, on_page=on_page)
 
 
 def chat_call(messages: list[dict[str, Any]], timeout: float | None, body: dict[str, Any]) -> Call:

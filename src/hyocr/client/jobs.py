@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import httpx
 
-from .calls import Call, ImageInput, OcrOptions, json_images, ocr_body
+from .calls import Call, ImageInput, OcrOptions, media_body, ocr_body
 from .errors import Timeout
 from .results import OcrResult, Page
 from .retry import RETRY_AFTER_CAP
@@ -105,22 +105,23 @@ def _path(job_id: str, tail: str = "") -> str:
 def submit_call(images: ImageInput | Sequence[ImageInput], options: OcrOptions, *,
                 idempotency_key: str | None, callback_url: str | None,
                 callback_headers: Mapping[str, str] | None) -> Call:
-    """POST /v1/jobs, always JSON. Safe to retry: it carries an Idempotency-Key (a fresh uuid4 when the
-    caller gives none), so a repeat after a lost answer returns the same job instead of a second one."""
+    """POST /v1/jobs, the images as ``media_body`` sends them (a multipart upload, or JSON for data URLs).
+    Safe to retry: it carries an Idempotency-Key (a fresh uuid4 when the caller gives none), so a repeat after
+    a lost answer returns the same job instead of a second one."""
     many = not isinstance(images, bytes | bytearray | memoryview | str | Path)
     if many and not images:
         raise ValueError("submit_job() takes an image, or a non-empty sequence of images")
     body, timeout, on_page = ocr_body(options)
     if on_page is not None:
         raise TypeError("a job does not stream: use iter_job_pages() for its pages as they finish")
-    pages = json_images(list(images) if many else [images])  # type: ignore[arg-type]
-    payload: dict[str, Any] = {"images": pages, **body} if many else {"image": pages[0], **body}
     if callback_url is not None:
-        payload["callback_url"] = callback_url
+        body["callback_url"] = callback_url
     if callback_headers:
-        payload["callback_headers"] = dict(callback_headers)
+        body["callback_headers"] = dict(callback_headers)
+    pages = list(images) if many else [images]  # type: ignore[list-item]
     key = idempotency_key or str(uuid.uuid4())
-    return Call("POST", "/v1/jobs", {"json": payload}, _job, timeout, headers={"Idempotency-Key": key})
+    return Call("POST", "/v1/jobs", media_body(pages, body, many=many), _job, timeout,
+                headers={"Idempotency-Key": key})
 
 
 def get_call(job_id: str) -> Call:

@@ -98,8 +98,7 @@ class PageLoader:
             if how.accept_pdf and len(media) == 1:
                 item = media[0]
                 raw = item.data if isinstance(item.data, bytes) else await asyncio.to_thread(
-                    decode_base64, item.data, self.limits, param=item.param,
-                    max_bytes=max(self.limits.max_image_bytes, self.limits.max_pdf_bytes))
+                    decode_base64, item.data, self.limits, param=item.param, accept_pdf=True)
                 if is_pdf(raw):
                     return await self._pdf_pages(raw, how, item.param)
                 media = (MediaInput(raw, item.param),)
@@ -125,8 +124,7 @@ class PageLoader:
         the cost of one page: every image's header, and the first page decoded (or rendered)."""
         first = media[0]
         raw = first.data if isinstance(first.data, bytes) else await asyncio.to_thread(
-            decode_base64, first.data, self.limits, param=first.param,
-            max_bytes=max(self.limits.max_image_bytes, self.limits.max_pdf_bytes))
+            decode_base64, first.data, self.limits, param=first.param, accept_pdf=True)
         if is_pdf(raw):
             if len(media) > 1:
                 raise InvalidRequest("a PDF is read on its own: upload one PDF, or images", param=first.param)
@@ -147,8 +145,7 @@ class PageLoader:
                 raws.append(await fetch_image(m.data, self.fetch_policy, param=m.param))
             elif isinstance(m.data, str):
                 raws.append(await asyncio.to_thread(
-                    decode_base64, m.data, self.limits, param=m.param,
-                    max_bytes=max(self.limits.max_image_bytes, self.limits.max_pdf_bytes)))
+                    decode_base64, m.data, self.limits, param=m.param, accept_pdf=accept_pdf))
             else:
                 raws.append(m.data)
         plain = tuple(MediaInput(raw, m.param) for raw, m in zip(raws, media, strict=True))
@@ -173,7 +170,7 @@ class PageLoader:
             if accept_pdf and is_pdf(raw):
                 raise InvalidRequest("a PDF is read on its own: send one document per request, without other "
                                      "files", param=item.param)
-            probes.append(probe_image(raw, self.limits, index=i, param=item.param))
+            probes.append(probe_image(raw, self.limits, index=i, param=item.param, accept_pdf=accept_pdf))
         check_request_pixels(probes, self.limits)
         return probes
 

@@ -51,6 +51,9 @@ _TRANSPOSE = {  # EXIF orientation -> the turn that displays the image upright (
     8: Image.Transpose.ROTATE_90,
 }
 _SWAPS_SIDES = frozenset({5, 6, 7, 8})
+# The allowlisted formats as people write them, in the order messages list them.
+_NAMES = {"PNG": "PNG", "JPEG": "JPEG", "WEBP": "WebP", "BMP": "BMP", "TIFF": "TIFF", "GIF": "GIF",
+          "JPEG2000": "JPEG 2000"}
 _DATA_URL = re.compile(r"^data:([\w.+-]+/[\w.+-]+)?((?:;[\w-]+=[\w.-]+)*)(;base64)?,", re.I)
 
 
@@ -67,6 +70,11 @@ class MediaLimits:
         return cls(settings.max_image_bytes, settings.max_image_pixels, frozenset(settings.image_formats),
                    settings.max_pdf_bytes, settings.max_request_pixels)
 
+    def accepted(self, *, pdf: bool = False) -> str:
+        """The formats taken, for messages: "PNG, JPEG, WebP, BMP, TIFF" (and ", PDF" where PDFs are read)."""
+        names = [name for fmt, name in _NAMES.items() if fmt in self.formats]
+        return ", ".join([*names, "PDF"] if pdf else names)
+
 
 def is_pdf(data: bytes) -> bool:
     return sniff_format(data) == "PDF"
@@ -77,12 +85,41 @@ def check_pdf_size(data: bytes, limits: MediaLimits, *, param: str = "image") ->
         raise PayloadTooLarge(f"the PDF is larger than the {limits.max_pdf_bytes} byte limit", param=param)
 
 
-def decode_base64(data: str, limits: MediaLimits, *, param: str = "image", max_bytes: int | None = None) -> bytes:
-    """Base64 or a ``data:`` URL -> bytes, refusing oversized payloads before decoding them.
+def decode_base64(data: str, limits: MediaLimits, *, param: str = "image", max_bytes: int | None = None,
+                  accept_pdf: bool = False) -> bytes:
+    """Base64 or a ``data:`` URL -> bytes, refusing oversized payloads before decoding them
+    (``check_base64_size``: the image cap, or with ``accept_pdf`` the PDF cap for a PDF). ``max_bytes``
+    replaces that cap, for a caller that has checked it already."""
+    payload = _base64_payload(data, param)
+    if max_bytes is None:
+        _check_size(payload, limits, param, accept_pdf)
+    elif _decoded_size(payload) > max_bytes:
+        raise PayloadTooLarge(f"image is larger than the {max_bytes} byte limit", param=param)
+    return _b64decode(payload, param)
 
-    ``max_bytes`` (default: the image cap) is the largest decoded size accepted: a caller that takes
-    PDFs passes the larger of both caps and checks the one that applies once the format is known."""
-    max_bytes = limits.max_image_bytes if max_bytes is None else max_bytes
+
+def check_base64_size(data: str, limits: MediaLimits, *, param: str = "image",
+                      accept_pdf: bool = False) -> None:
+    """413 when base64 (or a data URL) decodes to more than its cap, known from the string's length, before
+    anything is decoded: ``max_image_bytes``, or ``max_pdf_bytes`` where PDFs are taken and the first bytes
+    (decoded alone) say PDF. Malformed text is left for decoding to refuse (400)."""
+    _check_size(_base64_payload(data, param), limits, param, accept_pdf)
+
+
+def _check_size(payload: str, limits: MediaLimits, param: str, accept_pdf: bool) -> None:
+    size = _decoded_size(payload)
+    if size <= limits.max_image_bytes and (not accept_pdf or size <= limits.max_pdf_bytes):
+        return
+    if accept_pdf and _head_is_pdf(payload):
+        if size > limits.max_pdf_bytes:
+            raise PayloadTooLarge(f"the PDF is larger than the {limits.max_pdf_bytes} byte limit",
+                                  param=param)
+    elif size > limits.max_image_bytes:
+        raise PayloadTooLarge(f"image is larger than the {limits.max_image_bytes} byte limit", param=param)
+
+
+def _base64_payload(data: str, param: str) -> str:
+    """The base64 digits of ``data`` (a data URL's prefix taken off), whitespace and padding as sent."""
     if not isinstance(data, str) or not data.strip():
         raise InvalidMedia("image data is empty", param=param)
     payload = data.strip()
@@ -91,11 +128,24 @@ def decode_base64(data: str, limits: MediaLimits, *, param: str = "image", max_b
         if match is None or not match.group(3):
             raise InvalidMedia("malformed data URL: expected data:<type>;base64,<data>", param=param)
         payload = payload[match.end() :]
-    # Decoded size is exactly 3/4 of the base64 digits (whitespace and padding excluded): check it
-    # before allocating anything (str.count scans without copying).
-    digits = len(payload) - sum(payload.count(c) for c in " \n\r\t=")
-    if digits * 3 // 4 > max_bytes:
-        raise PayloadTooLarge(f"image is larger than the {max_bytes} byte limit", param=param)
+    return payload
+
+
+def _decoded_size(payload: str) -> int:
+    # Exactly 3/4 of the base64 digits (whitespace and padding excluded); str.count scans without copying.
+    return (len(payload) - sum(payload.count(c) for c in " \n\r\t=")) * 3 // 4
+
+
+def _head_is_pdf(payload: str) -> bool:
+    """Whether the first bytes (what ``sniff_format`` reads), decoded alone, are a PDF's."""
+    head = re.sub(r"\s+", "", payload[:2048])[:684]  # 684 digits: 513 bytes
+    try:
+        return is_pdf(_b64decode(head[: len(head) // 4 * 4], "image"))
+    except InvalidMedia:  # not base64, or too short to say: decoding the whole will tell
+        return False
+
+
+def _b64decode(payload: str, param: str) -> bytes:
     if any(c in payload for c in " \n\r\t"):
         payload = re.sub(r"\s+", "", payload)
     if "-" in payload or "_" in payload:  # url-safe alphabet
@@ -140,8 +190,10 @@ def load_image(data: bytes, limits: MediaLimits, *, index: int = 0, param: str =
     return decode_image(probe_image(data, limits, index=index, param=param))
 
 
-def probe_image(data: bytes, limits: MediaLimits, *, index: int = 0, param: str = "image") -> ImageProbe:
-    """Every check that needs no pixels: bytes, format (magic bytes), the header's size."""
+def probe_image(data: bytes, limits: MediaLimits, *, index: int = 0, param: str = "image",
+                accept_pdf: bool = False) -> ImageProbe:
+    """Every check that needs no pixels: bytes, format (magic bytes), the header's size. ``accept_pdf``:
+    the caller reads PDFs too (on their own path), so the messages name PDF among the formats taken."""
     if len(data) > limits.max_image_bytes:
         raise PayloadTooLarge(
             f"image is larger than the {limits.max_image_bytes} byte limit", param=param
@@ -149,10 +201,11 @@ def probe_image(data: bytes, limits: MediaLimits, *, index: int = 0, param: str 
     if not data:
         raise InvalidMedia("the file is empty", param=param)
     fmt = sniff_format(data)
+    allowed = limits.accepted(pdf=accept_pdf)
     if fmt is None:
-        raise InvalidMedia("file is not a recognised image (PNG, JPEG, WebP, BMP, TIFF)", param=param)
+        what = "image or PDF" if accept_pdf else "image"
+        raise InvalidMedia(f"file is not a recognised {what} ({allowed})", param=param)
     if fmt not in limits.formats:
-        allowed = ", ".join(sorted(limits.formats))
         if fmt == "PDF":
             raise UnsupportedMediaType(f"PDF documents are read by /v1/ocr (one per request); here send "
                                        f"images: {allowed}", param=param)

@@ -6,7 +6,9 @@ server-sent events, one per page as it finishes, then the whole result.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -24,8 +26,8 @@ from .deps import service_of, settings_of
 
 router = APIRouter(tags=["ocr"])
 
-_FORM_FIELDS = frozenset({"task", "fields", "schema", "language", "question", "prompt_language", "max_tokens", "temperature",
-                          "model", "pages", "prefer_text_layer", "stream"})
+_FORM_FIELDS = frozenset({"task", "fields", "schema", "language", "question", "prompt_language", "max_tokens",
+                          "temperature", "model", "pages", "prefer_text_layer", "stream"})
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 _DOC = {
@@ -74,21 +76,33 @@ async def read_body(request: Request, model: type[OcrJsonRequest] = OcrJsonReque
             raise InvalidRequest(f"invalid multipart body: {exc.detail}") from None
         except Exception:  # malformed multipart
             raise InvalidRequest("could not parse the multipart body") from None
-        uploads: list[MediaInput] = []
-        values: dict[str, str] = {}
+        files: list[tuple[str, bytes]] = []
+        values: dict[str, Any] = {}
         for key, value in form.multi_items():
             if hasattr(value, "read"):  # an uploaded file
                 if key not in ("file", "files", "image"):
                     raise InvalidRequest(f"unexpected file field {key!r}; use 'file'", param=key)
-                uploads.append(MediaInput(await value.read(), param=key))
+                files.append((key, await value.read()))
+            elif key in model.form_json:
+                values[key] = _json_field(key, value)
             elif key in form_fields:
                 values[key] = value
             else:
                 raise InvalidRequest(f"unknown form field {key!r}", param=key)
+        # Several files are pages in the order sent; an error names which one (files.1), as images.1 in JSON.
+        uploads = [MediaInput(data, param=key if len(files) == 1 else f"{key}.{n}")
+                   for n, (key, data) in enumerate(files)]
         return model.model_validate(values), uploads
     raise UnsupportedMediaType(
         "send multipart/form-data (field 'file') or application/json", param="content-type"
     )
+
+
+def _json_field(key: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise InvalidRequest(f"{key}: expected JSON text (an object)", param=key) from None
 
 
 @router.post(
