@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     data_parallel_size: int = Field(
         1, ge=1, le=64, description="vLLM: copies of the model (engine cores), each on tensor_parallel_size GPUs of "
         "this host; vLLM balances requests between them")
+    engines_per_gpu: int = Field(
+        1, ge=1, le=16, description="vLLM: engine cores on each GPU (or tensor-parallel group), each with its own "
+        "scheduler process and KV cache share; hyocr balances requests by outstanding work and restarts a dead "
+        "core alone. Cards gain (one core's thread is their bound), documents do not (the GPU is)")
     quantization: str | None = Field(None, description="vLLM: awq, gptq, fp8, ...")
     swap_space: float | None = Field(None, ge=0, description="vLLM: CPU swap GiB (older vLLM only)")
     lora_modules: str | None = Field(None, description="vLLM: LoRA adapters, name=path[,name=path]; "
@@ -90,6 +94,9 @@ class Settings(BaseSettings):
     )
     fast_pixels: bool = Field(True, description="vLLM: HunyuanOCR's image processor through hyocr's bit-identical "
                               "fast path (3x less CPU a card) instead of transformers' own")
+    pixel_transfer: Literal["bytes", "floats"] = Field(
+        "bytes", description="vLLM: how image patches travel to the engine core: bytes, normalised on the device "
+        "by hyocr's encoder (half the bf16 copy on the core's thread; needs fast_pixels), or the processor's floats")
     vision_encoder: Literal["batched", "vllm"] = Field(
         "batched", description="vLLM <= 0.31: run the ViT once over all images of a pass (batched, self-tested "
         "at start) or image by image (vLLM's own)"
@@ -297,12 +304,13 @@ class Settings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _admission_per_core(cls, data: object) -> object:
-        """With DATA_PARALLEL_SIZE N, vLLM runs MAX_NUM_SEQS on each of N cores: the admission limits left
-        at their defaults grow with it (64 per core, as for one), so N GPUs are not fed by one GPU's share."""
+        """With N engine cores (DATA_PARALLEL_SIZE x ENGINES_PER_GPU), vLLM runs MAX_NUM_SEQS on each: the
+        admission limits left at their defaults grow with it (64 per core, as for one), so N cores are not fed
+        by one core's share."""
         if not isinstance(data, dict):
             return data
         try:
-            cores = int(data.get("data_parallel_size") or 1)
+            cores = int(data.get("data_parallel_size") or 1) * int(data.get("engines_per_gpu") or 1)
         except (TypeError, ValueError):
             return data  # the field's own validation reports it
         if cores > 1:
@@ -313,6 +321,12 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _scale_out(self) -> Settings:
+        if self.engines_per_gpu > 1 and self.engine != "vllm":
+            raise ValueError(f"engines_per_gpu > 1 needs the vllm engine (engine is {self.engine!r})")
+        if self.engines_per_gpu > 1 and self.api_processes > 1 and \
+                self.api_processes > self.engines_per_gpu * self.data_parallel_size:
+            raise ValueError(f"api_processes ({self.api_processes}) > engine cores ({self.engines_per_gpu} x "
+                             f"{self.data_parallel_size}): each API process owns one core at least")
         if self.data_parallel_size > 1 and self.engine != "vllm":
             raise ValueError(f"data_parallel_size > 1 needs the vllm engine (engine is {self.engine!r}); "
                              "other engines scale out as Ray Serve replicas (ray)")

@@ -81,8 +81,11 @@ async def test_the_pdf_byte_cap_is_its_own_and_checked_before_decoding_base64(re
     service = await _service(renderer, limits=MediaLimits(max_image_bytes=1024, max_pdf_bytes=len(DOC) - 1))
     with pytest.raises(PayloadTooLarge, match="the PDF is larger than"):
         await result_of(service.read(_pdf_call(DOC)))
-    with pytest.raises(PayloadTooLarge, match="image is larger than"):  # from the base64 length alone
+    # from the base64 length alone: its first bytes say PDF, so the PDF cap is the one named
+    with pytest.raises(PayloadTooLarge, match="the PDF is larger than"):
         await result_of(service.read(_pdf_call(base64.b64encode(DOC * 2).decode())))
+    with pytest.raises(PayloadTooLarge, match="image is larger than"):  # not a PDF: the image cap
+        await result_of(service.read(_pdf_call(base64.b64encode(b"\x89PNG" + b"0" * 4096).decode())))
 
 
 async def test_text_layer_pages_never_reach_the_engine_and_only_for_the_text_task(renderer):

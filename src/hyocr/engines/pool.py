@@ -96,9 +96,14 @@ class EnginePool(Engine):
         self._monitor: asyncio.Task | None = None
 
     @property
-    def info(self) -> EngineInfo:  # the copies are alike: the first one's, with their count
+    def info(self) -> EngineInfo:
+        """The first copy's (the copies are alike), with their count. A capability a copy turned off at its
+        start (structured outputs) is off for the pool: a request may go to any copy."""
         first = self.copies[0].engine.info
-        return replace(first, details={**first.details, "copies": f"{len(self.copies)} x {self.kind}"})
+        off = next((c.engine.info for c in self.copies if not c.engine.info.structured), None)
+        structured = {"structured": False, "structured_off": off.structured_off} if off is not None else {}
+        return replace(first, details={**first.details, "copies": f"{len(self.copies)} x {self.kind}"},
+                       **structured)
 
     # ------------------------------------------------------------------ life
 

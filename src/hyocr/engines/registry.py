@@ -21,7 +21,7 @@ OCR_ONLY_TASKS = frozenset({Task.SPOTTING, Task.TEXT})
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
     name: str
-    target: str  # "module:factory"; the factory takes Settings and returns an Engine
+    target: str  # "module:factory": a function of Settings, or an Engine class (its from_settings)
     tasks: frozenset[Task]
     extra: str | None  # pip extra that installs its dependencies
     summary: str
@@ -40,7 +40,7 @@ ENGINES: dict[str, EngineSpec] = {
         ),
         EngineSpec(
             "vllm",
-            "hyocr.engines.vllm.engine:VllmEngine",
+            "hyocr.engines.vllm.cores:build",  # a VllmEngine, or a pool of engine cores (ENGINES_PER_GPU)
             ALL_TASKS,
             "vllm",
             "HunyuanOCR on vLLM's async engine in-process: paged KV cache, continuous batching",
@@ -90,4 +90,5 @@ def create_engine(settings: Settings) -> Engine:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise SettingsError(f"engine {spec.name!r} needs a missing package ({exc.name}).{hint}") from exc
-    return getattr(module, attr).from_settings(settings)
+    factory = getattr(module, attr)
+    return factory.from_settings(settings) if isinstance(factory, type) else factory(settings)

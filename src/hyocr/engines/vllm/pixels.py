@@ -8,7 +8,7 @@ pixel's value depends only on its channel and its byte, so a 3 x 256 table made 
 own ``rescale`` and ``normalize`` gives bit-identical values. The patch layout is then a transpose of
 the bytes (a quarter of the memory traffic) and one table lookup writes the float patches.
 
-``install()`` replaces the class's ``_preprocess`` (compat.PREPROCESS_METHOD) in this process, for every user of the class (the
+``install()`` replaces the class's ``_preprocess`` (hf_compat.PREPROCESS_METHOD) in this process, for every user of the class (the
 values are the same, so the transformers engine in the same process is unaffected); whatever the fast
 path does not cover (input that is not 8-bit, video frames) goes to the original.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import compat
+from . import hf_compat
 
 _lock = threading.Lock()
 _original: dict[str, Any] = {}
@@ -36,20 +36,22 @@ _bytes = {"on": False}  # install(uint8=True): the patches leave as bytes, norma
 
 
 def _processor_class() -> Any:
-    return compat.image_processor_class()  # None: transformers without HunYuanVL or its PIL backend
+    return hf_compat.image_processor_class()  # None: transformers without HunYuanVL or its PIL backend
 
 
-def install(*, uint8: bool = False) -> bool:
+def install(*, uint8: bool | None = None) -> bool:
     """Use the fast path for HunyuanOCR's processor in this process (idempotent); False if unavailable.
-    ``uint8``: patches as bytes (only where the engine process normalises them: vision.py)."""
+    ``uint8``: patches as bytes (only where the engine process normalises them: vision.py); None keeps
+    what was set (another engine core of this process may be serving with it)."""
     cls = _processor_class()
     if cls is None:
         return False
-    _bytes["on"] = uint8
+    if uint8 is not None:
+        _bytes["on"] = uint8
     with _lock:
         if "preprocess" not in _original:
-            _original["preprocess"] = compat.preprocess_method(cls)
-            compat.set_preprocess_method(cls, fast_preprocess)
+            _original["preprocess"] = hf_compat.preprocess_method(cls)
+            hf_compat.set_preprocess_method(cls, fast_preprocess)
     return True
 
 
@@ -62,7 +64,7 @@ def uninstall() -> None:
     cls = _processor_class()
     with _lock:
         if cls is not None and "preprocess" in _original:
-            compat.set_preprocess_method(cls, _original.pop("preprocess"))
+            hf_compat.set_preprocess_method(cls, _original.pop("preprocess"))
 
 
 def value_table(processor: Any, channels: int, do_rescale: bool, rescale_factor: float, do_normalize: bool,
@@ -119,7 +121,7 @@ def fast_preprocess(self: Any, images: list, do_resize: bool, size: Any, resampl
                         image_mean, image_std, patch_size, temporal_patch_size, merge_size, return_tensors, **kwargs)
     from transformers.image_processing_utils import BatchFeature
 
-    smart_resize = compat.smart_resize()
+    smart_resize = hf_compat.smart_resize()
 
     all_patches, grids = [], []
     factor = patch_size * merge_size

@@ -26,12 +26,12 @@ log = logging.getLogger(__name__)
 _renderer: Any = None  # in a worker: vLLM's renderer for the engine's config
 
 
-def _start_worker(vllm_config: Any, fast_pixels: bool = False) -> None:
+def _start_worker(vllm_config: Any, fast_pixels: bool = False, uint8: bool = False) -> None:
     global _renderer
     if fast_pixels:  # the image processor's fast path, as in the API process (pixels.py)
         from . import pixels
 
-        pixels.install()
+        pixels.install(uint8=uint8)
 
     _renderer = compat.make_renderer(vllm_config)
     # With the processor cache and prefix caching off (hyocr's defaults), vLLM names each image
@@ -50,16 +50,18 @@ def _ready() -> bool:
 
 
 class ProcessRenderer:
-    def __init__(self, vllm_config: Any, workers: int, fast_pixels: bool = False) -> None:
+    def __init__(self, vllm_config: Any, workers: int, fast_pixels: bool = False, *, uint8: bool = False) -> None:
         self.vllm_config = vllm_config
         self.workers = workers
         self.fast_pixels = fast_pixels
+        self.uint8 = uint8  # patches as bytes (the engine process normalises them: vision.py)
         self.pool = self._pool()
 
     def _pool(self) -> ProcessPoolExecutor:
         # spawn: a fork of a process holding CUDA, threads and an event loop is not safe.
         return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_start_worker, initargs=(self.vllm_config, self.fast_pixels))
+                                   initializer=_start_worker,
+                                   initargs=(self.vllm_config, self.fast_pixels, self.uint8))
 
     def start(self) -> None:
         """Start every worker now (each imports vLLM and loads the tokenizer: seconds), not on the first

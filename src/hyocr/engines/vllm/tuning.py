@@ -101,18 +101,40 @@ NON_KV_RESERVE_BYTES = 8 * 2**30
 DEVICE_FRACTION = 0.9  # of the GPU's memory, as vLLM's own default fraction leaves headroom
 
 
-def device_memory_bytes() -> int | None:
-    """GPU 0's memory from NVML (extra gpu), which does not initialise CUDA in this process (vLLM forks its
-    engine core only while CUDA is uninitialised); None without NVML or a GPU."""
+def device_memory_bytes(gpu: str | None = None) -> int | None:
+    """A GPU's memory (``gpu``: a CUDA_VISIBLE_DEVICES entry, default the first visible one) from NVML (extra
+    gpu), which does not initialise CUDA in this process (vLLM forks its engine core only while CUDA is
+    uninitialised); None without NVML or a GPU."""
+    first = (gpu or os.environ.get("CUDA_VISIBLE_DEVICES", "0") or "0").split(",")[0].strip()
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
+            handle = (pynvml.nvmlDeviceGetHandleByIndex(int(first)) if first.isdigit()
+                      else pynvml.nvmlDeviceGetHandleByUUID(first))
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # no library, no driver, no GPU: size as asked
+        return None
+
+
+def visible_gpus() -> list[str] | None:
+    """This process's GPUs as CUDA_VISIBLE_DEVICES entries (the variable's own, else NVML's count), without
+    initialising CUDA; None on a machine without GPUs (or NVML)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip()] or None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())] or None
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
         return None
 
 

@@ -39,7 +39,7 @@ import os
 import time
 from typing import Any
 
-from . import compat
+from . import compat, hf_compat
 from . import cpu as vllm_cpu
 from .tuning import VISION_ENCODER_ENV as ENV_MODE
 
@@ -148,7 +148,7 @@ def _normalising(forward: Any) -> Any:
 def install_normaliser() -> str:
     """Byte pixels normalised before the encoder, in this process: vLLM's native encoder's forward, or
     transformers' ``get_image_features`` (the Transformers backend)."""
-    for cls, name in ((_native_class(), "forward"), (compat.hf_vision_entry_class(), "get_image_features")):
+    for cls, name in ((_native_class(), "forward"), (hf_compat.hf_vision_entry_class(), "get_image_features")):
         method = getattr(cls, name, None) if cls is not None else None
         if method is not None:
             if not getattr(method, "hyocr_normalising", False):
