@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("files", nargs="+", metavar="RESULT.json")
     compare.add_argument("--output", help="write the markdown here")
     compare.add_argument("--plot", help="write req/s and p99 latency vs concurrency here (PNG; extra bench)")
+    from .eval.command import add_parser as add_eval_parser  # hyocr eval: its options live in hyocr/eval/
+
+    add_eval_parser(sub)
     return parser
 
 
@@ -171,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.run import main as bench_main
 
         return bench_main(args)
+    if args.command == "eval":  # its own settings (--engine, --set), as bench's
+        from .eval.command import main as eval_main
+
+        return eval_main(args)
     try:
         settings = _settings(args)
         serving = args.command in ("serve", "ui")

@@ -1,0 +1,174 @@
+"""The report: a JSON document headed like a bench result (engine, model, revision, settings, hyocr version,
+date, machine), the set's scores per metric family, the operational figures and a row per page; its
+markdown; reading reports back (for ``hyocr eval compare``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..config import Settings
+from . import EvalError
+
+OBJECT = "hyocr.eval.report"
+# Settings that do not change what an engine reads or how fast: left out of a report's settings.
+_NOT_READING = ("host", "port", "log_", "otel_", "drain_", "ui", "api_keys", "jwt_", "allowed_ips",
+                "trusted_proxies", "public_", "metrics_", "rate_limit", "jobs", "data_dir", "job_", "webhook_", "ray")
+
+# (family, key, label, better): the figures shown in tables and compared, in order
+HEADLINE = (
+    ("text", "cer", "CER", "lower"), ("text", "wer", "WER", "lower"), ("text", "ned", "NED", "lower"),
+    ("text", "cer_macro", "CER (page mean)", "lower"), ("text", "word_f1", "word F1 (any order)", "higher"),
+    ("spotting", "precision", "box precision", "higher"), ("spotting", "recall", "box recall", "higher"),
+    ("spotting", "f1", "box F1 (IoU >= 0.5)", "higher"), ("spotting", "mean_iou", "mean IoU of matches", "higher"),
+    ("spotting", "matched_text_exact", "matched boxes' text exact", "higher"),
+    ("extraction", "exact_match", "field exact match", "higher"), ("extraction", "similarity", "field similarity",
+                                                                   "higher"),
+    ("extraction", "f1", "field F1", "higher"), ("extraction", "schema_valid_rate", "schema-valid outputs", "higher"),
+    ("tables", "teds", "TEDS", "higher"), ("tables", "teds_structure", "TEDS-S (structure)", "higher"),
+    ("markdown", "text_ned", "markdown text NED", "lower"), ("markdown", "formula_ned", "formula NED", "lower"),
+)
+LIBRARIES = {"text": "rapidfuzz (Levenshtein)", "spotting": "hyocr's greedy IoU matcher", "extraction":
+             "rapidfuzz, jsonschema", "tables": "apted + lxml (TEDS, as PubTabNet)", "markdown": "rapidfuzz"}
+
+
+# Always shown, default or not: what a comparison of settings is usually about (how pages are rendered).
+_ALWAYS = ("engine", "model", "pdf_detector_dpi", "pdf_max_dpi", "pdf_max_visual_tokens", "max_pixels",
+           "default_max_tokens")
+
+
+def reading_settings(settings: Settings) -> dict[str, Any]:
+    """The engine, the model, the render settings, and every other setting that differs from its default
+    and bears on reading (secrets masked)."""
+    shown: dict[str, Any] = {name: getattr(settings, name) for name in _ALWAYS}
+    for name, field in Settings.model_fields.items():
+        if name in shown or name.startswith(_NOT_READING):
+            continue
+        value = getattr(settings, name)
+        if value == field.get_default(call_default_factory=True):
+            continue
+        if "SecretStr" in str(field.annotation):
+            value = "***"
+        shown[name] = value if isinstance(value, str | int | float | bool | type(None)) else str(value)
+    return shown
+
+
+def header(*, label: str | None, target: str, engine: Mapping[str, Any], settings: Mapping[str, Any],
+           options: Mapping[str, Any], set_info: Mapping[str, Any]) -> dict[str, Any]:
+    from ..bench.report import cpu_name, gpu_name, library_versions
+
+    return {"label": label, "target": target, "engine": dict(engine), "settings": dict(settings),
+            "options": {k: v for k, v in options.items() if v not in (None, False)}, "set": dict(set_info),
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "hyocr": __version__,
+            "gpu": gpu_name(), "cpu": cpu_name(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+            "versions": {**library_versions(), **_metric_versions()}}
+
+
+def _metric_versions() -> dict[str, str]:
+    from importlib import metadata as md
+
+    out = {}
+    for name in ("rapidfuzz", "apted", "lxml", "jsonschema"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return out
+
+
+def run_name(doc: Mapping[str, Any]) -> str:
+    meta = doc["metadata"]
+    return meta.get("label") or meta.get("engine", {}).get("engine") or meta.get("target") or "run"
+
+
+def cell(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def engine_line(meta: Mapping[str, Any]) -> str:
+    engine = meta.get("engine") or {}
+    parts = [engine.get("engine") or "?", engine.get("model") or "?"]
+    if engine.get("revision"):
+        parts.append(f"revision {engine['revision']}")
+    return " / ".join(parts)
+
+
+def markdown(doc: Mapping[str, Any]) -> str:
+    meta, scores, ops = doc["metadata"], doc["scores"], doc["operational"]
+    s = meta["set"]
+    lines = [(f"**{run_name(doc)}**: {engine_line(meta)}; set {s['kind']} {s['path']} ({s['documents']} "
+              f"documents, {s['pages_with_reference']} pages with a reference); hyocr {meta['hyocr']}; "
+              f"{meta['date']}"), ""]
+    shown = {k: v for k, v in meta["settings"].items() if k not in ("engine", "model") and v is not None}
+    if shown:
+        lines += ["Settings: " + ", ".join(f"{k}={v}" for k, v in shown.items()), ""]
+    lines += ["| family | metric | value |", "|---|---|---|"]
+    for family, key, label, better in HEADLINE:
+        if family in scores and scores[family].get(key) is not None:
+            lines.append(f"| {family} | {label} ({better} is better) | {cell(scores[family][key])} |")
+    counts = [f"{f}: {scores[f].get('pages', scores[f].get('tables'))} {'tables' if f == 'tables' else 'pages'}"
+              for f in scores]
+    lines += ["", "Scored: " + "; ".join(counts) + ". Computed with "
+              + ", ".join(LIBRARIES[f] for f in scores) + ".", ""]
+    docs = ops["documents"]
+    lines += [f"Read {ops['pages']['read']} pages of {docs['done']}/{docs['total']} documents "
+              f"({docs['resumed']} from an earlier run, {docs['failed']} failed); "
+              f"{cell(ops['pages_per_s'], 2)} pages/s over {ops['timed_pages']} timed pages; finish reasons: "
+              + (", ".join(f"{k} {v}" for k, v in sorted(ops["finish_reasons"].items())) or "-")
+              + f"; completion tokens per page {cell(ops['tokens_per_page']['completion'], 1)}."]
+    if ops["pages"]["without_reference"]:
+        lines.append(f"{ops['pages']['without_reference']} pages had no reference and were not read.")
+    for failure in ops["failures"][:20]:
+        where = failure["document"] + (f" page {failure['page']}" if failure.get("page") else "")
+        lines.append(f"- failed: {where}: {failure['error']}")
+    if ops["failures_total"] > 20:
+        lines.append(f"- ... {ops['failures_total'] - 20} more in the JSON report")
+    return "\n".join(lines)
+
+
+def write_json(doc: Mapping[str, Any], path: Path) -> None:
+    from ..batch.state import write_atomic
+
+    try:
+        write_atomic(path, doc)
+    except OSError as exc:
+        raise EvalError(f"{path}: {exc.strerror or exc}") from None
+
+
+def write_text(path: str | Path | None, text: str) -> None:
+    if not path:
+        return
+    try:
+        Path(path).write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise EvalError(f"{path}: {exc.strerror or exc}") from None
+
+
+def load(path: str) -> dict[str, Any]:
+    """A report, checked enough for compare to trust its shape; EvalError says what is wrong."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EvalError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise EvalError(f"{path}: is a directory, not a report") from None
+    except OSError as exc:
+        raise EvalError(f"{path}: {exc.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EvalError(f"{path}: not a JSON report ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("object") != OBJECT:
+        raise EvalError(f"{path}: not a hyocr eval report (expected \"object\": \"{OBJECT}\")")
+    for key in ("metadata", "scores", "operational"):
+        if not isinstance(doc.get(key), dict):
+            raise EvalError(f"{path}: not a hyocr eval report (no {key!r} object)")
+    return doc

@@ -1,0 +1,211 @@
+"""``hyocr eval`` as a user runs it: real processes, the real rapidocr engine on images rendered with known
+text and boxes (near-perfect scores), the same images against a wrong truth (poor scores), real PDFs whose
+text layer is the reference, an OmniDocBench folder, a live server through --url, a run killed and resumed,
+and reports compared."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import omnidocbench_pages as odb
+import pytest
+from imaging import Line, card, font, render
+from pdfs import scanned_pdf, text_pdf
+
+HYOCR = [sys.executable, "-m", "hyocr"]
+STATE = ".hyocr-batch.jsonl"
+
+
+def _eval(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*HYOCR, "eval", *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _report(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _line_box(line: Line, ink: tuple[int, int, int, int]) -> list[int]:
+    """A line's box as annotators draw one: the ink's width, the font's whole line height (ascender to
+    descender), not the capitals' tight ink (a 36 px line of capitals is 26 px of ink in a 43 px line)."""
+    ascent, descent = font(line.size).getmetrics()
+    return [ink[0], line.xy[1], ink[2], line.xy[1] + ascent + descent]
+
+
+def _truth_line(name: str, rendered, *, wrong: bool = False) -> dict:
+    """The manifest line of a rendered image: its lines' texts and boxes (or, wrong, other words far from
+    where anything was drawn)."""
+    texts = [("PLACEHOLDER WORDS " * 2).strip() if wrong else line.text for line in rendered.lines]
+    boxes = [_line_box(line, ink) for line, ink in zip(rendered.lines, rendered.boxes, strict=True)]
+    boxes = [[b[0] + 2000, b[1], b[2] + 2000, b[3]] if wrong else b for b in boxes]
+    return {"path": name, "truth": {"text": "\n".join(texts),
+                                    "blocks": [{"text": t, "box": b} for t, b in zip(texts, boxes, strict=True)]}}
+
+
+IMAGES = {
+    "card.png": card(),
+    "invoice.png": render([Line("INVOICE 2024-0042", (40, 40)), Line("TOTAL 99.50 EUR", (40, 120))], size=(640, 220)),
+    "hello.png": render([Line("HELLO EVALUATION", (40, 40), 36)], size=(620, 140)),  # one box (48 px: two)
+}
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("eval")
+    for name, rendered in IMAGES.items():
+        rendered.image.save(root / name)
+    for kind, wrong in (("good", False), ("wrong", True)):
+        lines = [json.dumps(_truth_line(name, r, wrong=wrong)) for name, r in IMAGES.items()]
+        (root / f"{kind}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def good(labelled) -> Path:
+    out = labelled / "good.json"
+    done = _eval(str(labelled / "good.jsonl"), "--output", str(out), "--markdown", str(labelled / "good.md"),
+                 "--plot", str(labelled / "good.png"), "--label", "in-process")
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_rapidocr_on_rendered_images_scores_near_perfect(labelled, good):
+    report = _report(good)
+    text, spots = report["scores"]["text"], report["scores"]["spotting"]
+    assert text["pages"] == 3 and text["cer"] < 0.05 and text["ned"] < 0.05 and text["word_f1"] > 0.9
+    assert spots["reference_boxes"] == 8 and spots["f1"] >= 0.9 and spots["recall"] >= 0.9
+    assert spots["mean_iou"] > 0.5 and spots["matched_text_exact"] >= 0.8
+    meta = report["metadata"]
+    assert meta["engine"]["engine"] == "rapidocr" and meta["engine"]["model"].startswith("rapidocr")
+    assert meta["hyocr"] and meta["date"] and meta["set"]["kind"] == "manifest" and meta["set"]["tasks"] == {
+        "spotting": 3}
+    ops = report["operational"]
+    assert ops["documents"]["done"] == 3 and ops["pages"]["read"] == 3 and ops["pages_per_s"] > 0
+    assert ops["finish_reasons"] == {"stop": 3} and ops["failures_total"] == 0
+    assert len(report["pages"]) == 3 and all("spotting" in p["scores"] for p in report["pages"])
+    assert "box F1" in (labelled / "good.md").read_text()
+    assert (labelled / "good.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_same_images_against_a_wrong_truth_score_poorly(labelled, good):
+    out = labelled / "wrong.json"
+    # the same documents read with the same options: their reads are reused, only the scores change
+    done = _eval(str(labelled / "wrong.jsonl"), "--output", str(out), "--reads", str(good.with_suffix(".reads")))
+    assert done.returncode == 0, done.stderr
+    report = _report(out)
+    assert report["operational"]["documents"]["resumed"] == 3
+    assert report["scores"]["text"]["cer"] > 0.5 and report["scores"]["text"]["word_f1"] < 0.2
+    assert report["scores"]["spotting"]["f1"] == 0.0 and report["scores"]["spotting"]["matched"] == 0
+    assert report["metadata"]["set"]["fingerprint"] != _report(good)["metadata"]["set"]["fingerprint"]
+    compared = _eval("compare", str(good), str(out), "--output", str(labelled / "compare.md"))
+    assert compared.returncode == 0, compared.stderr
+    text = (labelled / "compare.md").read_text()
+    assert "in-process (baseline)" in text and "The sets differ" in text and "(worse)" in text
+
+
+def test_pdf_text_layer_is_the_reference(tmp_path):
+    pdfs = tmp_path / "pdfs"
+    pdfs.mkdir()
+    (pdfs / "letter.pdf").write_bytes(text_pdf([["QUARTERLY REPORT 2026", "Revenue rose to 4.2 million",
+                                                 "Costs fell by nine percent"], ["SECOND PAGE OF THE LETTER"]],
+                                               size=22))
+    (pdfs / "scan.pdf").write_bytes(scanned_pdf([["A SCANNED PAGE WITHOUT TEXT"]], dpi=100))
+    out = tmp_path / "pdf.json"
+    done = _eval(str(pdfs), "--truth", "pdf-text", "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    report = _report(out)
+    assert report["metadata"]["set"]["kind"] == "pdf-text" and report["metadata"]["set"]["pages_with_reference"] == 2
+    assert report["metadata"]["set"]["tasks"] == {"text": 1}
+    assert [d["why"] for d in report["operational"]["skipped_documents"]] == [
+        "no reliable text layer (a scan, or a broken font encoding)"]
+    assert report["operational"]["pages"]["read"] == 2  # the scan is not read: it has nothing to compare with
+    assert report["scores"]["text"]["cer"] < 0.1 and report["scores"]["text"]["word_f1"] > 0.8
+    assert [p["page"] for p in report["pages"]] == [1, 2]
+
+
+def test_an_omnidocbench_folder(tmp_path):
+    root = tmp_path / "OmniDocBench"
+    (root / "images").mkdir(parents=True)
+    rendered = render([Line("Annual Report", (40, 30), 40), Line("Revenue grew in the third quarter.", (40, 110)),
+                       Line("7", (40, 330))], size=(800, 400))
+    rendered.image.save(root / "images" / "report_p7.png")
+    (root / "OmniDocBench.json").write_text(json.dumps([odb.page("report_p7.png")]))
+    out = tmp_path / "odb.json"
+    done = _eval(str(root), "--task", "text", "--output", str(out))  # rapidocr reads text, not markdown
+    assert done.returncode == 0, done.stderr
+    report = _report(out)
+    assert report["metadata"]["set"]["kind"] == "omnidocbench" and report["scores"]["text"]["cer"] < 0.1
+    assert set(report["scores"]) == {"text"}  # tables and markdown need a document-parsing output
+
+
+def test_through_a_live_server(labelled, good, tmp_path):
+    from servers import serve_process
+
+    proc, url = serve_process(env={"HYOCR_DATA_DIR": str(tmp_path / "data"), "HYOCR_UI": "false"})
+    try:
+        out = tmp_path / "remote.json"
+        done = _eval(str(labelled / "good.jsonl"), "--output", str(out), "--url", url, "--poll", "0.2",
+                     "--label", "server")
+        assert done.returncode == 0, done.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    remote, local = _report(out), _report(good)
+    assert remote["metadata"]["target"] == url and remote["metadata"]["engine"]["engine"] == "rapidocr"
+    assert remote["metadata"]["settings"] == {"url": url}
+    assert remote["scores"]["text"] == local["scores"]["text"]  # the same engine reads the same text
+    compared = _eval("compare", str(good), str(out))
+    assert compared.returncode == 0 and "server" in compared.stdout and "The sets differ" not in compared.stdout
+
+
+def test_a_killed_run_resumes_reading_only_what_is_missing(tmp_path):
+    lines = []
+    for i in range(6):
+        rendered = render([Line(f"PAGE NUMBER {i} OF SIX", (40, 40), 40)], size=(700, 140))
+        rendered.image.save(tmp_path / f"p{i}.png")
+        lines.append(json.dumps({"path": f"p{i}.png", "truth": {"text": f"PAGE NUMBER {i} OF SIX"}}))
+    (tmp_path / "set.jsonl").write_text("\n".join(lines) + "\n")
+    out, reads = tmp_path / "r.json", tmp_path / "r.reads"
+    proc = subprocess.Popen([*HYOCR, "eval", str(tmp_path / "set.jsonl"), "--output", str(out), "--workers", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while not (reads.is_dir() and list(reads.glob("p*.json"))):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "nothing was read"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert not out.exists()
+    done = _eval(str(tmp_path / "set.jsonl"), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    report = _report(out)
+    docs = report["operational"]["documents"]
+    assert docs["done"] == 6 and 1 <= docs["resumed"] < 6 and report["scores"]["text"]["pages"] == 6
+    assert report["scores"]["text"]["cer"] < 0.05
+    finished = [json.loads(line)["key"] for line in (reads / STATE).read_text().splitlines()
+                if json.loads(line)["status"] == "done"]
+    assert len(finished) == len(set(finished)) == 6  # each document read to the end once
+    assert report["operational"]["timed_pages"] == 6 - docs["resumed"]  # the killed run's time is unknown
+
+
+def test_bad_requests_stop_before_anything_runs(tmp_path, labelled, good):
+    cases = [
+        ((str(tmp_path / "nope.jsonl"), "--output", str(tmp_path / "r.json")), "not a .jsonl manifest"),
+        ((str(labelled / "good.jsonl"),), "--output REPORT.json is required"),
+        ((str(labelled / "good.jsonl"), "-o", str(tmp_path / "no" / "r.json")), "does not exist"),
+        ((str(labelled / "good.jsonl"), "-o", str(tmp_path / "r.json"), "--task", "poetry"), "poetry"),
+        ((str(labelled / "good.jsonl"), "-o", str(tmp_path / "r.json"), "--set", "nonsense=1"), "not a hyocr setting"),
+        (("compare", str(good)), "at least two reports"),
+        (("compare", str(good), str(labelled / "good.jsonl")), "not a JSON report"),
+        (("compare", str(good), str(labelled / "good.md")), "not a JSON report"),
+    ]
+    for args, why in cases:
+        done = _eval(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert why in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
