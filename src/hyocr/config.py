@@ -344,7 +344,8 @@ class Settings(BaseSettings):
         if self.ray_gpus_per_replica is not None:
             return self.ray_gpus_per_replica
         model = self.engine in ("vllm", "transformers")
-        return float(self.tensor_parallel_size * self.data_parallel_size) if model else 0.0
+        # ENGINES_PER_GPU on Ray: each replica is one core on that share of a GPU (engines/vllm/cores.py)
+        return float(self.tensor_parallel_size * self.data_parallel_size) / self.engines_per_gpu if model else 0.0
 
     @model_validator(mode="after")
     def _pdf_dpi_range(self) -> Settings:

@@ -117,3 +117,38 @@ def test_two_cores_share_the_load_and_a_dead_one_is_restarted_alone(server):
         answers = list(pool.map(lambda _: _ocr(url), range(8)))
     assert [a.status_code for a in answers] == [200] * 8
     assert _replicas(url)["1"]["served"] > 0  # the restarted core takes work again
+
+
+def test_api_processes_each_own_their_cores(tiny_checkpoint, vllm_cpu_environment, tmp_path):
+    """``--engines-per-gpu 2 --api-processes 2``: two hyocr processes on one port, each with one core of its
+    own; both serve, /metrics sums them, SIGTERM drains both and the server exits 0."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "server.log", "w")
+    command = [sys.executable, "-m", "hyocr", "serve", "--engine", "vllm", "--model", str(tiny_checkpoint),
+               "--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "4", "--trust-remote-code",
+               "--engines-per-gpu", "2", "--api-processes", "2", "--port", str(port), "--log-format", "text",
+               "--no-ui", "--public-metrics"]
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                            start_new_session=True)
+    try:
+        # /ready answers from whichever process the connection reaches (each lists its own core); the summed
+        # gauge on /metrics says when both processes have their core up
+        wait_ready(proc, url, timeout=600)
+        deadline = time.monotonic() + 300
+        while _gauge(url, 'hyocr_engine_replicas{state="up"}') != 2.0:
+            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            time.sleep(1)
+        own = httpx.get(url + "/ready", timeout=10).json()["replicas"]
+        assert len(own) == 1 and own[0]["id"] in ("0", "1")  # a process shows the core it owns
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: _ocr(url), range(12)))
+        assert [a.status_code for a in answers] == [200] * 12
+        served = _served_by_core(url)  # vLLM's counters of both processes' cores, summed
+        assert sum(served.values()) >= 12 and set(served) <= {"0", "1"}, served
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()

@@ -71,8 +71,10 @@ class Metrics:
         self.webhooks = Counter("hyocr_webhook_deliveries", "Webhook delivery attempts by result "
                                 "(delivered, retried, failed)", ["result"], registry=r)
         # The engine's copies of the model (vLLM data-parallel cores, Ray Serve replicas), alive or not
-        self.replicas = Gauge("hyocr_engine_replicas", "Engine replicas (data-parallel cores, Ray Serve "
-                              "replicas) by state (up, down)", ["state"], registry=r, multiprocess_mode="max")
+        # Several API processes see the same shared cores (max), or each its own (HYOCR_OWN_CORES: a sum).
+        self.replicas = Gauge("hyocr_engine_replicas", "Engine replicas (engine cores, Ray Serve replicas) by "
+                              "state (up, down)", ["state"], registry=r,
+                              multiprocess_mode="livesum" if os.environ.get("HYOCR_OWN_CORES") else "max")
         self._sources: dict[Gauge, object] = {}
         if service is not None:
             self.track(self.queue, lambda: service.admission.waiting)

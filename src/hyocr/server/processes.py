@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engines.vllm import compat
 from ..engines.vllm.shared_core import SharedEngineCore, engine_config
+from .shares import close_in_forks, process_settings
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -46,23 +47,6 @@ log = logging.getLogger(__name__)
 START_ATTEMPTS = 3
 
 
-def share(total: int, index: int, count: int) -> int:
-    """Process ``index``'s share of ``total`` split between ``count`` processes: the shares differ by at
-    most one and sum to exactly ``total`` (the first ``total % count`` processes get the extra one)."""
-    return total // count + (1 if index < total % count else 0)
-
-
-def process_settings(settings: Settings, index: int, count: int) -> Settings:
-    """One process's share of the server-wide limits (Settings refuses a MAX_CONCURRENCY below the
-    process count, so every share is at least one). The separate metrics port (if any) is served by
-    the first process only; in multiprocess mode it reports every process's figures anyway."""
-    return settings.model_copy(update={
-        "max_concurrency": share(settings.max_concurrency, index, count),
-        "max_queue": share(settings.max_queue, index, count),
-        "metrics_port": settings.metrics_port if index == 0 else None,
-    })
-
-
 def serve(settings: Settings) -> int:
     """The parent: size the engine once, start its core and N hyocr front ends, wait for them."""
     import socket
@@ -72,6 +56,12 @@ def serve(settings: Settings) -> int:
     from ..config import SettingsError
     from ..engines.vllm.engine import VllmEngine
 
+    from ..engines.vllm.cores import core_count
+
+    if core_count(settings) > 1:  # several engine cores of hyocr's own: each API process owns some
+        from .core_processes import serve as serve_own_cores
+
+        return serve_own_cores(settings)
     count = settings.api_processes
     compat.apply_version_workarounds(__version__)
     compat.setup_multiprocess_metrics()  # before any front end starts: they inherit the directory
@@ -113,15 +103,6 @@ def serve(settings: Settings) -> int:
         return 1
     finally:
         sock.close()
-
-
-def close_in_forks(sock: Any) -> None:
-    """Close the listening socket in every process forked from this one. vLLM forks its engine core on a
-    GPU (``VLLM_WORKER_MULTIPROC_METHOD``; CPU builds spawn), and a forked child keeps every descriptor:
-    the core would hold the socket open after the front ends stopped accepting, and connections would wait
-    in a backlog nobody accepts from until the core exits. Spawned processes (the front ends) get only the
-    descriptors passed to them."""
-    os.register_at_fork(after_in_child=sock.close)
 
 
 def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settings: Settings,

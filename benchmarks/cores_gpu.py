@@ -1,0 +1,196 @@
+"""Issue 30's sitting on the GPU machine: hyocr with several engine cores per GPU against hyocr with one and
+against `vllm serve` (the official HunyuanOCR flags, and with --api-server-count 4), same checkpoint (the
+HunyuanOCR 1.0 architecture, random bf16 weights), same seeded images and client (``hyocr bench``,
+--fixed-output), one target at a time, one level per bench call so that each level gets its own figures:
+
+- throughput, latency p50/p99, TTFT (bench JSON per level);
+- GPU busy % (nvidia-smi every 200 ms over the level) and each process's CPU %: the engine cores
+  (``VLLM::EngineCore``), the API processes, the rest; the engine cores' CPU seconds per request;
+- at c=1 on hyocr, the means of hyocr's and vLLM's latency histograms over the level (where a card's time goes).
+
+    python benchmarks/cores_gpu.py OUT_DIR TARGET...      TARGET: vllm-serve | vllm-serve+api4 |
+                                                           hyocr-vllm[+VARIANT] (engines_gpu.VARIANTS)
+Environment: CARD_LEVELS (1,32,64,128,192), A4_LEVELS (64,128), LEVELS_ONLY=card (skip a4), REQUESTS_PER_STREAM (4
+cards, 2 pages). Writes OUT_DIR/TARGET.levels.json and the server logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+import engines_gpu  # noqa: E402
+from request_time_breakdown import children, cpu_seconds, histogram_means, histogram_totals  # noqa: E402
+
+engines_gpu.VARIANTS.update({
+    "cores2": "--engines-per-gpu 2",
+    "cores3": "--engines-per-gpu 3",
+    "cores4": "--engines-per-gpu 4",
+    "floats": "--pixel-transfer floats",  # the processor's floats to the core, as before issue 30
+    "cores3-floats": "--engines-per-gpu 3 --pixel-transfer floats",
+    "api4-cores3": "--engines-per-gpu 3 --api-processes 3",
+})
+CARD_LEVELS = [int(c) for c in os.environ.get("CARD_LEVELS", "1,32,64,128,192").split(",") if c]
+A4_LEVELS = [int(c) for c in os.environ.get("A4_LEVELS", "64,128").split(",") if c]
+PER_STREAM = {"card": 4, "a4": 2}
+TOKENS = {"card": 150, "a4": 1000}
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def role(pid: int) -> str:
+    try:
+        name = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        name += " " + Path(f"/proc/{pid}/comm").read_text()
+    except OSError:
+        return "gone"
+    if "EngineCor" in name:
+        return "core"
+    if "resource_tracker" in name:
+        return "other"
+    if "APIServer" in name or "hyocr-api" in name or "spawn_main" in name:
+        return "api"
+    return "other"
+
+
+class Sampler(threading.Thread):
+    """GPU utilisation (nvidia-smi) and the CPU seconds of every process of the server, while a level runs."""
+
+    def __init__(self, server: int) -> None:
+        super().__init__(daemon=True)
+        self.server, self.stop, self.gpu = server, threading.Event(), []
+        self.cpu_start: dict[int, float] = {}
+        self.roles: dict[int, str] = {}
+
+    def snapshot(self) -> dict[int, float]:
+        pids = [self.server, *descendants(self.server)]
+        for pid in pids:
+            self.roles.setdefault(pid, "api" if pid == self.server else role(pid))
+        return {pid: cpu_seconds(pid) for pid in pids}
+
+    def run(self) -> None:
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                "-lms", "200"], stdout=subprocess.PIPE, text=True)
+        try:
+            for line in smi.stdout:
+                if self.stop.is_set():
+                    break
+                try:
+                    self.gpu.append(float(line.strip()))
+                except ValueError:
+                    pass
+        finally:
+            smi.terminate()
+
+    def __enter__(self):
+        self.cpu_start = self.snapshot()
+        self.started = time.monotonic()
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.monotonic() - self.started
+        self.cpu_end = self.snapshot()
+        self.stop.set()
+
+    def figures(self, requests: int) -> dict:
+        by_role: dict[str, list[float]] = {}
+        for pid, end in self.cpu_end.items():
+            used = end - self.cpu_start.get(pid, end)
+            if self.roles.get(pid) == "api" and pid == self.server and any(
+                    r == "api" for p, r in self.roles.items() if p != self.server):
+                continue  # the parent of several API processes (processes.py) only waits
+            by_role.setdefault(self.roles.get(pid, "other"), []).append(used)
+        cores = by_role.get("core", [])
+        return {
+            "gpu_busy_pct": round(sum(self.gpu) / len(self.gpu), 1) if self.gpu else None,
+            "core_cpu_pct": [round(100 * c / self.wall, 1) for c in cores],
+            "api_cpu_pct": [round(100 * c / self.wall, 1) for c in by_role.get("api", [])],
+            "other_cpu_pct": round(100 * sum(by_role.get("other", [])) / self.wall, 1),
+            "core_cpu_ms_per_request": round(1000 * sum(cores) / requests, 2) if requests else None,
+            "wall_s": round(self.wall, 2),
+        }
+
+
+def bench(url: str, target: str, workload: str, concurrency: int, out: Path, server: int) -> dict:
+    requests = max(32, PER_STREAM[workload] * concurrency) if workload == "card" else max(16, 2 * concurrency)
+    path = out / f"{workload}-{engines_gpu.safe(target)}-c{concurrency}.json"
+    cmd = [sys.executable, "-m", "hyocr", "bench", "--url", url, "--workload", workload, "--concurrency",
+           str(concurrency), "--requests", str(requests), "--max-tokens", str(TOKENS[workload]), "--fixed-output",
+           "--label", target, "--output", str(path), "--warmup", "8" if concurrency > 1 else "4"]
+    hyocr = target.startswith("hyocr")
+    before = histogram_totals(url) if hyocr and concurrency == 1 else None
+    with Sampler(server) as sampler:
+        done = subprocess.run(cmd, check=False, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONPATH": f"{engines_gpu.ROOT / 'src'}"})
+    level = json.loads(path.read_text())["levels"][0] if path.exists() else {"error": f"bench exit {done.returncode}"}
+    level.update(sampler.figures(level.get("requests", 0) - level.get("errors", 0)))
+    if before is not None:
+        level["histograms"] = histogram_means(before, histogram_totals(url), sampler.wall)
+    keys = ("concurrency", "throughput_rps", "latency_p50_s", "latency_p99_s", "ttft_p50_s", "errors",
+            "gpu_busy_pct", "core_cpu_pct", "core_cpu_ms_per_request")
+    print(target, workload, {k: level.get(k) for k in keys}, flush=True)
+    return level
+
+
+def run(target: str, out: Path) -> None:
+    port = 8100
+    url = f"http://127.0.0.1:{port}"
+    if not engines_gpu.port_free(port):
+        raise RuntimeError(f"port {port} is taken")
+    command = engines_gpu.server_command(target.replace("+api4", ""), port)
+    if target.startswith("vllm-serve"):
+        command = [c for c in command if c not in ("--gpu-memory-utilization", "0.2")]  # the official flags
+        if target.endswith("+api4"):
+            command += ["--api-server-count", "4"]
+    log = open(out / f"{engines_gpu.safe(target)}.server.log", "w")
+    env = {**os.environ, "HYOCR_UI": "false", "PYTHONPATH": f"{engines_gpu.ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    result: dict = {"target": target, "command": command, "date": time.strftime("%Y-%m-%d"), "levels": {}}
+    try:
+        result["ready_s"] = round(engines_gpu.wait_ready(url, proc), 1)
+        print(f"{target}: ready in {result['ready_s']}s", flush=True)
+        if target.startswith("hyocr"):
+            result["models"] = httpx.get(url + "/v1/models", timeout=10).json()
+        workloads = [("card", CARD_LEVELS)] + ([] if os.environ.get("LEVELS_ONLY") == "card" else [("a4", A4_LEVELS)])
+        for workload, levels in workloads:
+            result["levels"][workload] = [bench(url, target, workload, c, out, proc.pid) for c in levels]
+            (out / f"{engines_gpu.safe(target)}.levels.json").write_text(json.dumps(result, indent=1))
+        result["preemptions"] = engines_gpu.preemptions(url)
+    finally:
+        (out / f"{engines_gpu.safe(target)}.levels.json").write_text(json.dumps(result, indent=1))
+        engines_gpu.stop_server(proc)
+        log.close()
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    engines_gpu.build_checkpoint()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    for target in sys.argv[2:]:
+        try:
+            run(target, out)
+        except Exception as exc:  # one broken target must not lose the others' numbers
+            print(f"{target}: FAILED: {type(exc).__name__}: {exc}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
