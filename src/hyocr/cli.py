@@ -1,14 +1,16 @@
-"""Command line: ``hyocr serve`` runs the API; ``hyocr ocr FILE...`` runs the same pipeline in-process;
-``hyocr batch INPUT... --output DIR`` reads many documents, resumably (its logic is in hyocr/batch/).
+"""Command line: ``hyocr serve`` runs the API; ``hyocr ocr FILE...`` runs the same pipeline in-process
+(hyocr/ocr_cli.py); ``hyocr batch INPUT... --output DIR`` reads many documents, resumably (hyocr/batch/).
 
-Heavy imports (FastAPI, uvicorn, engines) happen inside the subcommand that needs them.
+Heavy imports (FastAPI, uvicorn, engines) happen inside the subcommand that needs them. ``ocr`` and
+``batch`` take every setting as a flag, as ``serve`` does, but their ``--help`` shows the few they are
+used with (``--help-all``: every one). Ctrl-C ends a command with "interrupted" and status 130, a reader
+of stdout that went away (``| head``) with status 141, as a shell reports SIGPIPE: never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
+import os
 import signal
 import sys
 import typing
@@ -16,15 +18,40 @@ from pathlib import Path
 
 from . import __version__
 from .config import Settings, SettingsError, load_settings
+from .ocr_cli import PDF_TIMEOUT
 
-TASK_HELP = "spotting | text | document | formula | table | chart | extract | subtitles | translate | vqa"
-PDF_TIMEOUT = 300.0  # --url, a PDF: rendering and the first page come before any answer
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
+HELP_ALL = "--help-all"
+# The settings ``ocr`` and ``batch`` show in --help (the rest: --help-all).
+OCR_SETTINGS = ("engine", "model", "device", "request_timeout", "max_pages")
+BATCH_SETTINGS = ("engine", "model", "device", "request_timeout", "job_range_pages", "job_max_pages", "ray",
+                  "ray_replicas")
 
 
-def _settings_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+def task_help() -> str:
+    """Every task (the Task enum), and which engines run which."""
+    from .engines.registry import OCR_ONLY_TASKS, engines_for
+    from .hunyuan.prompts import V15_TASKS
+    from .types import Task
+
+    anywhere = [t.value for t in Task if t in OCR_ONLY_TASKS]
+    model = [t.value for t in Task if t not in OCR_ONLY_TASKS | V15_TASKS]
+    return (f"any engine: {' | '.join(anywhere)}; HunyuanOCR ({', '.join(engines_for(Task.DOCUMENT))}): "
+            f"{' | '.join(model)}; HunyuanOCR 1.5 also: {' | '.join(t.value for t in Task if t in V15_TASKS)} "
+            "[default: spotting]")
+
+
+def _settings_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = (),
+                    shown: tuple[str, ...] | None = None) -> None:
     """One flag per setting (``--max-image-bytes`` for HYOCR_MAX_IMAGE_BYTES), generated from the
-    Settings model so the CLI, the environment and the README table cannot drift apart."""
-    group = p.add_argument_group("settings (each also HYOCR_<NAME> in the environment)")
+    Settings model so the CLI, the environment and the README table cannot drift apart. ``shown``: the
+    only ones --help lists (every flag is taken all the same)."""
+    if shown is None:
+        group = p.add_argument_group("settings (each also HYOCR_<NAME> in the environment)")
+    else:
+        group = p.add_argument_group("settings", f"the most used (each also HYOCR_<NAME> in the environment); "
+                                     f"every setting is a flag: {HELP_ALL} lists them")
     for name, field in Settings.model_fields.items():
         if name in skip:
             continue
@@ -32,6 +59,8 @@ def _settings_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -
         kind, choices = _flag_type(field.annotation)
         default = field.default if field.default is not None else "unset"
         help_text = f"{field.description or ''} [default: {default}]".strip()
+        if shown is not None and name not in shown:
+            help_text = argparse.SUPPRESS
         if kind is bool:
             group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
@@ -57,7 +86,8 @@ LOCAL_SKIP = ("host", "port", "drain_timeout", "ui", "ui_upload_cache_bytes", "u
 
 def _read_flags(p: argparse.ArgumentParser) -> None:
     """How documents are read: ``ocr`` and ``batch`` take the same options (a manifest line overrides)."""
-    p.add_argument("--task", default="spotting", help=TASK_HELP)
+    p.add_argument(HELP_ALL, action="help", help="show this help with every setting flag, then exit")
+    p.add_argument("--task", default="spotting", help=task_help())
     p.add_argument("--fields", help="comma-separated field names for --task extract")
     p.add_argument("--language", default="en", help="translation target for --task translate: en | zh")
     p.add_argument("--question", help="the question for --task vqa")
@@ -66,7 +96,8 @@ def _read_flags(p: argparse.ArgumentParser) -> None:
                    help="PDF files, --task text: take a page's own text when it is reliable instead of OCR")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, full_help: bool = False) -> argparse.ArgumentParser:
+    """The parser; ``full_help``: ``ocr`` and ``batch`` list every setting in their help (``--help-all``)."""
     parser = argparse.ArgumentParser(prog="hyocr", description="OCR service for HunyuanOCR.")
     parser.add_argument("--version", action="version", version=f"hyocr {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -87,12 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     ocr.add_argument("--api-key", dest="api_key", help="--url: the server's API key (or HYOCR_CLIENT_API_KEY)")
     ocr.add_argument("--timeout", type=float, help=f"--url: seconds per attempt (default 3; {PDF_TIMEOUT:g} for "
                      "a PDF, which streams its pages: the wait until the first page, then between pages)")
-    _settings_flags(ocr, skip=LOCAL_SKIP)
+    _settings_flags(ocr, skip=LOCAL_SKIP, shown=None if full_help else OCR_SETTINGS)
 
     batch = sub.add_parser("batch", help="read many documents into a folder, resumably (hyocr/batch/)",
                            description="Read files, folders, globs and .jsonl manifests ({'path', 'task', "
                            "'pages'} a line) into DIR: a JSON result per document, summary.json; a rerun "
-                           "skips what is done and retries what failed (DIR/.hyocr-batch.jsonl).")
+                           "skips what is done and retries what failed (DIR/.hyocr-batch.jsonl). In-process, "
+                           "a PDF is read JOB_RANGE_PAGES pages at a time, each range under REQUEST_TIMEOUT, "
+                           "its pages kept as they finish. Exit status: 0 all done, 1 some failed, 2 nothing "
+                           "could start, 3 the server (--url) cannot be reached, 130 interrupted.")
     batch.add_argument("inputs", nargs="+", metavar="INPUT")
     batch.add_argument("--output", "-o", required=True, type=Path, metavar="DIR")
     _read_flags(batch)
@@ -105,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--workers", type=int, default=2, help="documents read at once (in-process)")
     batch.add_argument("--table", choices=["jsonl", "parquet"],
                        help="also write DIR/pages.jsonl or DIR/pages.parquet: a row a page of every document done")
-    _settings_flags(batch, skip=LOCAL_SKIP)
+    _settings_flags(batch, skip=LOCAL_SKIP, shown=None if full_help else BATCH_SETTINGS)
 
     bench = sub.add_parser(
         "bench", help="load-test a server (running, or started here) and report; 'bench compare' compares results",
@@ -169,7 +203,22 @@ def _setup_logging(level: str, fmt: str = "text") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    full = HELP_ALL in argv  # the same help, rebuilt with every setting shown
+    args = build_parser(full_help=full).parse_args(["--help" if a == HELP_ALL else a for a in argv] if full
+                                                   else argv)
+    try:
+        return _command(args)
+    except KeyboardInterrupt:  # hyocr batch says more (and writes its summary) before this
+        print("hyocr: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout's reader is gone (`hyocr ocr ... | head`): nothing more to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush goes nowhere, quietly
+        return EXIT_BROKEN_PIPE
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command == "bench":
         from .bench.run import main as bench_main
 
@@ -192,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             from .batch import main as batch_main
 
             return batch_main(args, settings)
+        from .ocr_cli import run_ocr
+
         return run_ocr(args, settings)
     except SettingsError as exc:
         print(f"hyocr: {exc}", file=sys.stderr)
@@ -229,151 +280,3 @@ def serve(settings: Settings) -> int:
     if not server.started:  # the lifespan failed (the engine did not start), as uvicorn.run reports it
         return 3
     return 0
-
-
-def run_remote_ocr(args: argparse.Namespace) -> int:
-    """``hyocr ocr FILE... --url URL``: the same command through the Python client."""
-    import os
-
-    from .client import HyocrClient, HyocrClientError
-
-    fields = [f.strip() for f in (args.fields or "").split(",") if f.strip()] or None
-    key = args.api_key or os.environ.get("HYOCR_CLIENT_API_KEY")
-    out = _Output(args)
-    with HyocrClient(args.url, api_key=key, timeout=args.timeout or 3.0) as client:
-        for path in args.files:
-            try:
-                data = path.read_bytes()
-                document = _is_pdf(data)
-                with _Progress(path) as progress:
-                    result = client.ocr(data, task=args.task, fields=fields, language=args.language,
-                                        question=args.question, **(_pdf_options(args) if document else {}),
-                                        on_page=progress.page if document else None,
-                                        timeout=args.timeout or (PDF_TIMEOUT if document else None))
-            except (HyocrClientError, OSError) as exc:
-                out.failed(path, getattr(exc, "strerror", None) or str(exc))
-                continue
-            out.result(path, result.raw)
-    return out.finish()
-
-
-def _is_pdf(data: bytes) -> bool:
-    from .pipeline.media import is_pdf
-
-    return is_pdf(data)
-
-
-def _pdf_options(args: argparse.Namespace) -> dict:
-    return {"pages": args.pages, "prefer_text_layer": args.prefer_text_layer or None}
-
-
-class _Progress:
-    """A progress bar on stderr for a document of several pages (a terminal only, as tqdm decides)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.bar = path, None
-
-    def page(self, _page: object, done: int, total: int) -> None:
-        if total > 1 and self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=self.path.name, unit="page", file=sys.stderr, disable=None,
-                            leave=False)
-        if self.bar is not None:
-            self.bar.update(done - self.bar.n)
-
-    def __enter__(self) -> typing.Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def run_ocr(args: argparse.Namespace, settings: Settings) -> int:
-    if args.url:
-        return run_remote_ocr(args)
-    from .api.bodies import ocr_body
-    from .batch.local import file_call, local_service
-    from .errors import HyocrError
-    from .hunyuan.prompts import parse_task
-    from .types import PageRead, ReadDone
-
-    async def go() -> int:
-        out = _Output(args)
-        async with local_service(settings) as service:
-            parse_task(args.task)
-            for path in args.files:
-                try:
-                    data = path.read_bytes()
-                except OSError as exc:
-                    out.failed(path, exc.strerror)
-                    continue
-                call = file_call(data, str(path), vars(args))
-                try:
-                    # The service's one stream: admitted and under the request deadline, as on the server.
-                    with _Progress(path) as progress:
-                        async for event in service.read(call):  # pages as they finish, then the result
-                            if isinstance(event, ReadDone):
-                                result = event.result
-                            elif isinstance(event, PageRead):
-                                progress.page(event.page, event.completed, event.total)
-                except HyocrError as exc:
-                    out.failed(path, exc.message if exc.public else "internal error")
-                    continue
-                out.result(path, ocr_body(result))
-        return out.finish()
-
-    try:
-        return asyncio.run(go())
-    except HyocrError as exc:  # bad task name etc.
-        print(f"hyocr: {exc.message}", file=sys.stderr)
-        return 2
-
-
-class _Output:
-    """What ``hyocr ocr`` prints, the same in-process and through ``--url``: text per file (or one
-    JSON document at the end), failures one line each on stderr, exit status 1 if any file failed."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.json, self.many = args.json, len(args.files) > 1
-        self.bodies: list[dict] = []
-        self.failures = 0
-
-    def failed(self, path: Path, message: str) -> None:
-        print(f"hyocr: {path}: {message}", file=sys.stderr)
-        self.failures += 1
-
-    def result(self, path: Path, body: dict) -> None:
-        if self.json:
-            self.bodies.append({"file": str(path), **body})
-            return
-        if self.many:
-            print(f"== {path} ==")
-        print(_human(body))
-
-    def finish(self) -> int:
-        if self.json and self.bodies:
-            print(json.dumps(self.bodies if self.many else self.bodies[0], ensure_ascii=False, indent=2))
-        return 1 if self.failures else 0
-
-
-def _human(body: dict) -> str:
-    """Readable text: fields for extraction, else the page text. Pages are named as people and ``--pages``
-    count them, from 1 (``--json`` keeps the API's 0-based ``index``)."""
-    lines = []
-    document = len(body["pages"]) > 1 and any(page.get("source") for page in body["pages"])
-    for page in body["pages"]:
-        number = page["index"] + 1
-        if document:
-            lines.append(f"[page {number}]")
-        if page.get("fields") is not None:
-            lines += [f"{k}: {v}" for k, v in page["fields"].items()]
-        elif page["text"]:
-            lines.append(page["text"])
-        if page.get("error"):  # named once: a PDF page's error may already say "page N: ..."
-            error = page["error"]
-            lines.append(f"[{error}]" if error.startswith(f"page {number}:") else f"[page {number}: {error}]")
-    if body["task"] != body["requested_task"]:
-        lines.append(f"[ran task {body['task']!r} instead of {body['requested_task']!r}]")
-    return "\n".join(lines)

@@ -3,9 +3,14 @@
 ``plan`` expands INPUTs (files, folders, globs, ``.jsonl`` manifests, object-store URIs: ``sources``) into
 documents with stable output names; ``state`` keeps ``DIR/.hyocr-batch.jsonl`` and decides, on a rerun,
 what is skipped (done, same content, same options, output present), retried (failed, attempts left) or
-re-attached (a job submitted by an interrupted run); ``readers`` read a document in-process or as a job
-(``--url``); ``run`` runs the plan. With ``--ray`` the plan runs as a Ray Data pipeline (hyocr/ray/data.py)
-that writes the same outputs, state lines and summary, so either resumes the other's work.
+re-attached (a job submitted by an interrupted run); ``readers`` read a document in-process (a PDF in
+ranges of pages, kept in ``partial`` as they finish, selected by ``pages``) or as a job (``--url``); ``run``
+runs the plan. With ``--ray`` the plan runs as a Ray Data pipeline (hyocr/ray/data.py) that writes the same
+outputs, state lines and summary, so either resumes the other's work.
+
+Exit status: 0 every document done, 1 some failed (or left pending), 2 nothing could start (a bad INPUT,
+manifest line, ``--pages`` or task; DIR busy), 3 the server (``--url``) could not be reached: the documents
+not read are pending, no attempt spent; 130 interrupted (Ctrl-C): the summary is written, a rerun resumes.
 """
 
 from __future__ import annotations
@@ -26,25 +31,30 @@ from .table import require as require_table
 from .table import write_table
 
 OPTIONS = ("task", "fields", "language", "question", "pages", "prefer_text_layer")
+EXIT_UNREACHABLE = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
 
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
-    """Exit status: 0 every document done, 1 some failed, 2 nothing could start (bad INPUT, DIR busy)."""
+    """The exit status above."""
     from ..errors import HyocrError
+    from .pages import check as check_pages
 
     out_dir: Path = args.output
     defaults = {k: getattr(args, k, None) for k in OPTIONS}
     try:
+        check_pages(args.pages)
         docs = expand(args.inputs, exclude=out_dir)
         if not docs:
             raise PlanError("no documents (images or PDFs) in the INPUTs")
         if args.workers < 1 or args.max_retries < 0:
             raise PlanError("--workers must be >= 1, --max-retries >= 0")
-        if not args.url:  # a task name this build does not know fails now, not once per document
+        if not args.url:  # a task this build or this engine cannot run fails now, not once per document
             from ..hunyuan.prompts import parse_task
+            from .local import check_engine_task
 
             for task in {d.options(defaults).get("task") or "spotting" for d in docs}:
-                parse_task(task)
+                check_engine_task(parse_task(task), settings)
         table = getattr(args, "table", None)
         require_table(table)
         on_ray = settings.ray and not args.url  # --url: the server reads, however it is scaled
@@ -63,22 +73,43 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     batch = Batch(docs, out_dir, None, defaults, workers=args.workers, max_attempts=1 + args.max_retries)
     try:
         clean_temps(out_dir)
-        if on_ray:
-            summary = _run_on_ray(batch, state, settings)
-            if summary is None:
-                return 2
-        else:
-            summary = asyncio.run(_run(args, settings, batch, state))
+        try:
+            if on_ray:
+                summary = _run_on_ray(batch, state, settings)
+                if summary is None:
+                    return 2
+            else:
+                summary = asyncio.run(_run(args, settings, batch, state))
+        except KeyboardInterrupt:  # the reads were cancelled on the way here; the pages read are kept
+            batch.stop("interrupted", "interrupted (Ctrl-C)")
+            summary = batch.finish()
     finally:
         state.close()
+    return _report(summary, out_dir, table, args.url)
+
+
+def _report(summary: dict[str, Any], out_dir: Path, table: str | None, url: str | None) -> int:
+    """Failures one line each, the counts in one, then what stopped the run early: the exit status."""
     counts = summary["documents"]
-    for item in summary["items"]:
+    items = summary["items"]
+    for item in items:
         if item["status"] == "failed":
             print(f"hyocr: {item['path']}: {item['error']}", file=sys.stderr)
+    pending = sum(1 for i in items if i["status"] == "pending")
+    noted = sum(1 for i in items if i.get("note"))
     written = [out_dir / "summary.json"] + ([write_table(out_dir, summary, table)] if table else [])
     print(f"{counts['done']}/{counts['total']} documents done ({counts['resumed']} from an earlier run), "
-          f"{counts['failed']} failed, {summary['pages']['total']} pages; {', '.join(map(str, written))}",
-          file=sys.stderr)
+          f"{counts['failed']} failed, {f'{pending} pending, ' if pending else ''}{summary['pages']['total']} "
+          f"pages{f' ({noted} with fewer pages than --pages: see their note)' if noted else ''}; "
+          f"{', '.join(map(str, written))}", file=sys.stderr)
+    stopped = summary.get("stopped") or {}
+    if stopped.get("reason") == "interrupted":
+        print("hyocr: interrupted; run again to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if stopped.get("reason") == "server_unreachable":
+        print(f"hyocr: the server at {url} cannot be reached ({stopped['message']}): {pending} document(s) "
+              "left pending, no attempt spent; run again once it answers", file=sys.stderr)
+        return EXIT_UNREACHABLE
     return 1 if counts["failed"] or counts["done"] < counts["total"] else 0
 
 
@@ -103,10 +134,18 @@ async def _run(args: argparse.Namespace, settings: Settings, batch: Batch, state
             key = args.api_key or os.environ.get("HYOCR_CLIENT_API_KEY")
             client = AsyncHyocrClient(args.url, api_key=key, timeout=args.timeout or 60.0)
             stack.push_async_callback(client.aclose)
-            batch.reader = RemoteReader(client, poll=args.poll)
+            counter = None
+            if args.pages:  # cut to a shorter PDF here, before its job is submitted
+                from .readers import PageCounter
+
+                counter = PageCounter(settings)
+                stack.callback(counter.close)
+            batch.reader = RemoteReader(client, poll=args.poll, counter=counter)
         else:
             from .local import local_service
             from .readers import LocalReader
 
-            batch.reader = LocalReader(await stack.enter_async_context(local_service(settings)))
+            service = await stack.enter_async_context(local_service(settings))
+            batch.reader = LocalReader(service, range_pages=settings.job_range_pages,
+                                       max_pages=settings.job_max_pages, retries=settings.job_max_attempts)
         return await batch.run(state)

@@ -44,3 +44,18 @@ def file_call(data: bytes, param: str, options: Mapping[str, Any]) -> OcrCall:
                    fields=split_fields(options.get("fields")),
                    target_language=options.get("language") or "en", question=options.get("question"),
                    accept_pdf=True, **(pdf if is_pdf(data) else {}))
+
+
+def check_engine_task(task: Any, settings: Settings) -> None:
+    """Before the engine loads: a task the configured kind of engine cannot run (rapidocr reads text), said
+    as ``OcrService.resolve_task`` says it. A HunyuanOCR 1.0 checkpoint asked for a 1.5 task is found once
+    the engine has loaded, by the service."""
+    from ..engines.registry import ENGINES, engines_for
+    from ..errors import UnsupportedTask
+
+    spec = ENGINES.get(settings.engine)
+    if spec is None or task in spec.tasks:  # an unknown engine: create_engine says so
+        return
+    able = ", ".join(engines_for(task)) or "none installed"
+    raise UnsupportedTask(f"task {task.value!r} needs a vision-language engine ({able}); the {spec.name} engine "
+                          "runs: " + ", ".join(sorted(t.value for t in spec.tasks)), param="task")

@@ -23,10 +23,18 @@ _MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"II*\x00
 # A manifest line's keys beside "path": options for that document only.
 OPTION_KEYS = ("task", "fields", "language", "question", "pages", "prefer_text_layer")
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+SHOWN_CHARS = 200  # of a value quoted in an error message (a manifest's path may be megabytes long)
 
 
 class PlanError(Exception):
     """An INPUT that cannot be expanded (missing, a bad manifest line): the batch does not start."""
+
+
+def shown(value: object) -> str:
+    """``value`` for an error message: at most SHOWN_CHARS of it, on one line."""
+    text = value if isinstance(value, str) else repr(value)
+    short = text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in short)  # a NUL, a newline: escaped
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,14 +129,14 @@ def _expand_one(given: str, overrides: Mapping[str, Any]) -> Iterable[Document]:
         root = _glob_root(given)
         matches = sorted(glob.glob(os.path.expanduser(given), recursive=True))
         if not matches:
-            raise PlanError(f"{given}: no file matches")
+            raise PlanError(f"{shown(given)}: no file matches")
         for match in map(Path, matches):
             if match.is_dir():
                 yield from _folder(match, overrides, root)
             elif match.is_file():
                 yield Document(match.resolve(), _rel(match, root), overrides)
     else:
-        raise PlanError(f"{given}: no such file or folder")
+        raise PlanError(f"{shown(given)}: no such file or folder")
 
 
 def _folder(folder: Path, overrides: Mapping[str, Any], root: Path | None = None) -> Iterable[Document]:
@@ -174,30 +182,84 @@ def _rel(path: Path, root: Path) -> str:
         return path.name
 
 
-def _manifest(manifest: Path) -> Iterable[Document]:
+def _manifest(manifest: Path, within: tuple[Path, ...] = ()) -> Iterable[Document]:
     """One JSON object a line: ``{"path": ..., "task": ..., "pages": ...}``; paths relative to the manifest's
-    folder; blank lines and lines starting with # are skipped."""
-    base = manifest.parent
-    for number, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        where = f"{manifest}:{number}"
-        try:
-            entry = json.loads(line)
-        except ValueError as exc:
-            raise PlanError(f"{where}: not JSON ({exc})") from None
-        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-            raise PlanError(f'{where}: expected an object with "path"')
-        if unknown := set(entry) - {"path", *OPTION_KEYS}:
-            raise PlanError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-        overrides = {k: v for k, v in entry.items() if k != "path" and v is not None}
-        if is_uri(entry["path"]):
-            yield from _expand_one(entry["path"], overrides)
-            continue
-        target = Path(entry["path"]).expanduser()
-        target = target if target.is_absolute() else base / target
-        if not target.exists() and not glob.has_magic(str(target)):
-            raise PlanError(f"{where}: {entry['path']}: no such file or folder")
-        for doc in _expand_one(str(target), overrides):
-            yield Document(doc.path, _rel(doc.path, base) if doc.path.is_relative_to(base.resolve())
-                           else doc.rel, doc.overrides)
+    folder; blank lines and lines starting with # are skipped. Any line that is not so (not UTF-8, not JSON,
+    an option of the wrong type, a path that cannot be) stops the plan with ``FILE:LINE: why``. A line may
+    name another manifest (``within``: those being read, so that none includes itself)."""
+    base, within = manifest.parent, (*within, manifest.resolve())
+    with manifest.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            where = f"{shown(str(manifest))}:{number}"
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise PlanError(f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})") from None
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError as exc:
+                raise PlanError(f"{where}: not JSON ({shown(str(exc))})") from None
+            if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not entry["path"]:
+                raise PlanError(f'{where}: expected an object with "path" (a file, folder, glob or URI)')
+            if unknown := set(entry) - {"path", *OPTION_KEYS}:
+                raise PlanError(f"{where}: unknown key(s) {shown(', '.join(sorted(unknown)))}")
+            overrides = _line_options(entry, where)
+            try:
+                yield from _line_documents(entry["path"], overrides, base, where, within)
+            except (OSError, ValueError) as exc:  # a name too long, a NUL byte, a lone surrogate
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise PlanError(f"{where}: {shown(entry['path'])}: {shown(why)}") from None
+
+
+def _line_documents(given: str, overrides: Mapping[str, Any], base: Path, where: str,
+                    within: tuple[Path, ...]) -> Iterable[Document]:
+    if is_uri(given):
+        yield from _expand_one(given, overrides)
+        return
+    target = Path(given).expanduser()
+    target = target if target.is_absolute() else base / target
+    if not target.exists() and not glob.has_magic(str(target)):
+        raise PlanError(f"{where}: {shown(given)}: no such file or folder")
+    if target.is_file() and target.suffix.lower() == ".jsonl" and not overrides:
+        if target.resolve() in within:
+            raise PlanError(f"{where}: {shown(given)}: a manifest that includes itself")
+        yield from _manifest(target, within)
+        return
+    for doc in _expand_one(str(target), overrides):
+        yield Document(doc.path, _rel(doc.path, base) if doc.path.is_relative_to(base.resolve())
+                       else doc.rel, doc.overrides)
+
+
+_TEXT_OPTIONS = ("task", "language", "question")
+
+
+def _line_options(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A line's options, checked as the command line's are (a task this build knows, a page selection);
+    ``pages`` may be a number."""
+    from ..errors import HyocrError
+    from ..hunyuan.prompts import parse_task
+    from .pages import check as check_pages
+
+    options = {k: v for k, v in entry.items() if k != "path" and v is not None}
+    for key, value in options.items():
+        if key in _TEXT_OPTIONS and not isinstance(value, str):
+            raise PlanError(f"{where}: {key} must be a string, not {shown(value)}")
+        if key == "fields" and not (isinstance(value, str) or (
+                isinstance(value, list) and all(isinstance(f, str) for f in value))):
+            raise PlanError(f"{where}: fields must be a string or a list of strings, not {shown(value)}")
+        if key == "prefer_text_layer" and not isinstance(value, bool):
+            raise PlanError(f"{where}: prefer_text_layer must be true or false, not {shown(value)}")
+        if key == "pages" and (isinstance(value, bool) or not isinstance(value, str | int)):
+            raise PlanError(f"{where}: pages must be a string such as \"1-3,8\" or a page number, not "
+                            f"{shown(value)}")
+    if isinstance(options.get("pages"), int):
+        options["pages"] = str(options["pages"])
+    try:
+        if "task" in options:
+            parse_task(options["task"])
+        check_pages(options.get("pages"))
+    except HyocrError as exc:
+        raise PlanError(f"{where}: {shown(exc.message)}") from None
+    return options

@@ -1,5 +1,6 @@
 """Running a plan: documents read ``workers`` at a time, each output written whole before its ``done`` line,
-a tqdm bar on stderr, and ``summary.json`` at the end."""
+a tqdm bar of pages on stderr (documents beside it), and ``summary.json`` at the end, also when the run
+stops early (Ctrl-C, a server that cannot be reached), its unread documents ``pending``."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .partial import Partial, discard, parts_path
 from .plan import Document, options_fingerprint
-from .readers import Reader, ReadFailed, Ticket
+from .readers import Reader, ReadFailed, ServerUnreachable, Ticket
 from .state import Decision, Record, StateFile, decide, write_atomic
 
 SUMMARY = "summary.json"
@@ -33,6 +35,7 @@ class Item:
     resumed: bool = False  # done by an earlier run, not read again
     error: str | None = None
     job_id: str | None = None
+    note: str | None = None  # e.g. --pages cut to a shorter document
 
 
 @dataclass(slots=True)
@@ -69,15 +72,22 @@ class Batch:
     max_attempts: int = 3
     items: dict[str, Item] = field(default_factory=dict)
     pages_read: int = 0  # this run: pages that finished
+    settled: int = 0  # documents done, failed or skipped this run
+    stopped: dict[str, str] | None = None  # why the run ended early: {"reason", "message"}
     started: float = field(default_factory=time.monotonic)
     bar: Any = None
+
+    def __post_init__(self) -> None:
+        # Before any reading: a run stopped while the engine loads still says what it left pending.
+        self.items = self.items or {d.key: Item(d.source, d.name) for d in self.docs}
 
     async def run(self, state: StateFile) -> dict[str, Any]:
         gate = asyncio.Semaphore(self.workers)
 
         async def guarded(doc: Document) -> None:
             async with gate:
-                await self.one(doc, state)
+                if self.stopped is None:
+                    await self.one(doc, state)
 
         with self.progress():
             await asyncio.gather(*(guarded(d) for d in self.docs))
@@ -85,12 +95,12 @@ class Batch:
 
     @contextlib.contextmanager
     def progress(self) -> Iterator[None]:
-        """A bar of documents on stderr (pages and pages/s beside it) while the run lasts."""
+        """A bar of pages on stderr while the run lasts: its total grows as documents are opened (a PDF's
+        pages are known once it is), documents settled beside it."""
         from tqdm import tqdm
 
-        self.items = {d.key: Item(d.source, d.name) for d in self.docs}
-        self.bar = tqdm(total=len(self.docs), unit="doc", desc="hyocr batch", file=sys.stderr, disable=None,
-                        dynamic_ncols=True)
+        self.bar = tqdm(total=None, unit="page", desc="hyocr batch", file=sys.stderr, disable=None,
+                        dynamic_ncols=True, postfix=self._documents())
         try:
             yield
         finally:
@@ -101,6 +111,10 @@ class Batch:
         summary = {**self.summary(), **extra}
         write_atomic(self.out_dir / SUMMARY, summary)
         return summary
+
+    def stop(self, reason: str, message: str) -> None:
+        """End the run early: documents not started are not, and stay pending (no attempt spent)."""
+        self.stopped = self.stopped or {"reason": reason, "message": message}
 
     async def one(self, doc: Document, state: StateFile) -> None:
         assert self.reader is not None
@@ -118,11 +132,16 @@ class Batch:
             if job_id != attempt.decision.job_id:  # a new job (a re-attached one is recorded already)
                 attempt.record(state, "submitted")  # before waiting: an interrupted run's rerun re-attaches
 
-        ticket = Ticket(doc.source, attempt.idempotency_key, attempt.decision.job_id, self.page_read, submitted)
+        partial = Partial(self.out_dir, attempt.decision.output, attempt.sha256, attempt.fingerprint)
+        clamp = "pages" not in doc.overrides  # the command line's --pages: one selection for every length
+        ticket = Ticket(doc.source, attempt.idempotency_key, attempt.decision.job_id, self.page_read, submitted,
+                        self.pages_known, partial, clamp)
         try:
             body = await self.reader.read(data, attempt.options, ticket)
         except ReadFailed as exc:
             return self.failed(attempt, state, str(exc))
+        except ServerUnreachable as exc:
+            return self.stop("server_unreachable", str(exc))
         self.done(attempt, state, body)
 
     def unreadable(self, doc: Document, exc: OSError) -> None:
@@ -156,9 +175,10 @@ class Batch:
         write_atomic(self.out_dir / attempt.decision.output, body)
         pages = body.get("pages") or []
         item = attempt.item
-        item.status, item.pages = "done", len(pages)
+        item.status, item.pages, item.note = "done", len(pages), body.get("note")
         item.failed_pages = sum(1 for p in pages if p.get("finish_reason") == "error")
         attempt.record(state, "done", pages=len(pages))
+        discard(parts_path(self.out_dir, attempt.decision.output))  # its pages are in the output now
         self._advance()
 
     def _settled(self, item: Item, decision: Decision) -> None:
@@ -168,17 +188,26 @@ class Batch:
         elif record is not None:
             item.status, item.error = "failed", record.error
 
+    def pages_known(self, pages: int) -> None:
+        """A document's pages to read this run are known (a PDF opened): the bar's total grows."""
+        if pages:
+            self.bar.total = (self.bar.total or 0) + pages
+            self.bar.refresh()
+
     def page_read(self) -> None:
         self.pages_read += 1
-        self._postfix()
+        self.bar.update(1)
 
     def _advance(self) -> None:
-        self.bar.update(1)
+        self.settled += 1
         self._postfix()
+        self.bar.refresh()
 
     def _postfix(self) -> None:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        self.bar.set_postfix(pages=self.pages_read, pages_s=f"{self.pages_read / elapsed:.2f}", refresh=False)
+        self.bar.set_postfix_str(self._documents(), refresh=False)
+
+    def _documents(self) -> str:
+        return f"{self.settled}/{len(self.docs)} documents"
 
     def summary(self) -> dict[str, Any]:
         elapsed = time.monotonic() - self.started
@@ -194,8 +223,10 @@ class Batch:
                       "read_this_run": self.pages_read},
             "elapsed_s": round(elapsed, 3),
             "pages_per_s": round(self.pages_read / elapsed, 3) if elapsed > 0 else 0.0,
+            **({"stopped": self.stopped} if self.stopped else {}),
             "items": [{k: v for k, v in (
                 ("path", i.path), ("output", i.output if i.status == "done" else None), ("status", i.status),
                 ("attempts", i.attempts), ("pages", i.pages), ("failed_pages", i.failed_pages),
-                ("resumed", i.resumed), ("error", i.error), ("job_id", i.job_id))} for i in items],
+                ("resumed", i.resumed), ("error", i.error), ("job_id", i.job_id), ("note", i.note))}
+                      for i in items],
         }
