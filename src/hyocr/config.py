@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .pipeline.objects import BucketList, StoreEndpoint
+
 ImageFormat = Literal["PNG", "JPEG", "WEBP", "BMP", "TIFF", "GIF", "JPEG2000"]
 
 
@@ -204,7 +206,7 @@ class Settings(BaseSettings):
                                                "(default: tensor_parallel_size for vllm/transformers, 0 otherwise)")
     ray_cpus_per_replica: float = Field(1.0, ge=0, le=1024, description="Ray: CPUs per engine replica")
 
-    # --- durable jobs (/v1/jobs) and webhooks ---
+    # --- durable jobs (/v1/jobs), webhooks, the Batch API (/v1/files, /v1/batches), object storage ---
     jobs: bool = Field(True, description="serve the jobs API (/v1/jobs): documents read in the background")
     data_dir: str | None = Field(None, description="where the jobs database and the webhook secret live "
                                  "(default: $XDG_DATA_HOME/hyocr, else ~/.local/share/hyocr)")
@@ -227,6 +229,10 @@ class Settings(BaseSettings):
                              "without renewal; a replica that died frees its ranges after this")
     job_online_reserve: float = Field(0.5, ge=0, le=1, description="share of MAX_CONCURRENCY kept for online "
                                       "requests: jobs start a range only while fewer are in flight")
+    file_max_bytes: int = Field(200 * 1024**2, ge=1024, description="bytes of an upload (<= MAX_BODY_BYTES)")
+    batch_max_lines: int = Field(50_000, ge=1, le=10_000_000, description="requests per batch input file")
+    object_store_allowed_buckets: BucketList = Field(None, description="s3://bucket[/prefix/], gs://b, or *")
+    object_store_endpoint: StoreEndpoint = Field(None, description="an S3-compatible http(s)://host:port")
     webhook_secret: SecretStr | None = Field(
         None, description="Standard Webhooks signing secret (whsec_<base64>); default: one generated and kept "
         "in DATA_DIR/webhook-secret")

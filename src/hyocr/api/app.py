@@ -23,11 +23,12 @@ from ..observability.logs import AccessLogMiddleware
 from ..observability.metrics import Metrics
 from ..pipeline.service import OcrService
 from ..pipeline.supervisor import EngineSupervisor
-from .bodies import job_body
+from .batch_lines import LineAnswerer
+from .bodies import job_body, ocr_body
 from .errors import UnexpectedErrorMiddleware, install_error_handlers
 from .limits import BodyLimitMiddleware, RequestIdMiddleware
 from .ratelimit import RateLimiter, RateLimitMiddleware
-from .routes import health, ocr, openai
+from .routes import batches, files, health, ocr, openai
 from .routes import jobs as jobs_routes
 from .security import AuthMiddleware, AuthPolicy
 from .serving import Drain, DrainMiddleware
@@ -45,7 +46,8 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     if settings.jobs:
         from ..jobs.service import Jobs  # SQLAlchemy and the store, only when the jobs API is on
 
-        jobs = Jobs.from_settings(service, settings, describe=job_body, metrics=metrics)
+        jobs = Jobs.from_settings(service, settings, describe=job_body, metrics=metrics, result_body=ocr_body,
+                                  answer=LineAnswerer(service, settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -121,7 +123,8 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     app.state.engine_started = False
     app.state.started_at = int(time.time())
     install_error_handlers(app)
-    for router in (health.router, ocr.router, openai.router, jobs_routes.router):
+    for router in (health.router, ocr.router, openai.router, jobs_routes.router, files.router,
+                   batches.router):
         app.include_router(router)
     if settings.ui:
         from ..ui.app import mount_ui  # imports Gradio, only when the UI is on

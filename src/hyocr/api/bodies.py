@@ -140,9 +140,64 @@ def job_body(job) -> dict:
         "requested_task": job.requested_task,
         "pages": {"total": job.pages_total, "done": job.pages_done, "failed": job.pages_failed},
         "queue_position": job.queue_position, "error": job.error,
+        **({"output": {"uri": job.output_uri, "status": job.output_state, "error": job.output_error}}
+           if getattr(job, "output_uri", None) else {}),
     }
 
 
 def job_page_body(seq: int, position: int, page: PageResult) -> dict:
     """One stored page of a job (GET /v1/jobs/{id}/pages): ``seq`` orders pages as they were stored."""
     return {"seq": seq, "position": position, "page": page_body(page)}
+
+
+def completion_body(*, chat: bool, request_id: str, created: int, model: str, text: str, finish: FinishReason,
+                    prompt_tokens: int, completion_tokens: int, task: Task, requested_task: Task) -> dict:
+    """A whole (not streamed) chat completion or completion, as /v1/chat/completions and /v1/completions
+    answer: the body of a batch line for those endpoints."""
+    choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+    return {
+        "id": request_id, "object": "chat.completion" if chat else "text_completion", "created": created,
+        "model": model,
+        "choices": [{"index": 0, **choice, "logprobs": None, "finish_reason": openai_finish(finish)}],
+        "usage": usage_body(prompt_tokens, completion_tokens),
+        "hyocr": hyocr_meta(task, requested_task, finish),
+    }
+
+
+# ---------------------------------------------------------------- the OpenAI Batch API
+
+
+def _when(t: float | None) -> int | None:
+    return None if t is None else int(t)
+
+
+def file_body(record) -> dict:
+    """A file (``jobs.files.FileRecord``) as OpenAI's File object."""
+    return {"id": record.id, "object": "file", "bytes": record.bytes, "created_at": int(record.created_at),
+            "filename": record.filename, "purpose": record.purpose, "status": "processed",
+            "expires_at": _when(record.expires_at), "status_details": None}
+
+
+def batch_body(batch) -> dict:
+    """A batch (``jobs.batch_store.BatchRecord``) as OpenAI's Batch object, with hyocr's ``output_uri`` and
+    its outcome (``output_export``) where one was asked for."""
+    body = {
+        "id": batch.id, "object": "batch", "endpoint": batch.endpoint,
+        "errors": {"object": "list", "data": batch.errors} if batch.errors else None,
+        "input_file_id": batch.input_file_id, "completion_window": batch.completion_window,
+        "status": batch.status, "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
+        "created_at": int(batch.created_at), "in_progress_at": _when(batch.in_progress_at),
+        "expires_at": _when(batch.expires_at), "finalizing_at": _when(batch.finalizing_at),
+        "completed_at": _when(batch.completed_at), "failed_at": _when(batch.failed_at),
+        "expired_at": _when(batch.expired_at), "cancelling_at": _when(batch.cancelling_at),
+        "cancelled_at": _when(batch.cancelled_at),
+        "request_counts": {"total": batch.total, "completed": batch.completed, "failed": batch.failed},
+        "usage": {"input_tokens": batch.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens": batch.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                  "total_tokens": batch.prompt_tokens + batch.completion_tokens},
+        "metadata": batch.metadata,
+    }
+    if batch.output_uri:
+        body["output_uri"] = batch.output_uri
+        body["output_export"] = batch.export
+    return body

@@ -210,6 +210,10 @@ class JobJsonRequest(OcrJsonRequest):
                                      "when the job ends: succeeded, failed or cancelled")
     callback_headers: dict[str, str] | None = Field(None, max_length=16, description="extra headers sent with "
                                                     "the webhook (e.g. your own authorization)")
+    output_uri: str | None = Field(
+        None, max_length=2048, description="s3://bucket/prefix/ or gs://...: where the result (result.json) "
+        "and a manifest.json are written when the job ends (OBJECT_STORE_ALLOWED_BUCKETS); image may be an "
+        "object URI too")
 
     @field_validator("callback_headers")
     @classmethod
@@ -230,6 +234,28 @@ class JobJsonRequest(OcrJsonRequest):
                 raise ValueError(f"{name}: an HTTP header value cannot hold control characters (CR, LF, ...)")
             headers[name] = value
         return headers if v is not None else None
+
+
+# ---------------------------------------------------------------- the OpenAI Batch API
+
+
+class ExpiresAfter(BaseModel):
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=3600, le=2_592_000)
+
+
+class BatchCreateRequest(WireModel):
+    """POST /v1/batches, as OpenAI's SDK sends it; ``output_uri`` is hyocr's (``extra_body`` in the SDK)."""
+
+    input_file_id: str = Field(..., min_length=1, max_length=2048, description="a file id (POST /v1/files, "
+                               "purpose batch), or an s3:// or gs:// URI of a JSONL file")
+    endpoint: str = Field(..., max_length=64, description="/v1/chat/completions, /v1/completions or /v1/ocr")
+    completion_window: str = Field(..., max_length=16, description="24h (the only window)")
+    metadata: dict[str, str] | None = Field(None, description="at most 16 pairs: keys up to 64 characters, "
+                                            "values up to 512")
+    output_expires_after: ExpiresAfter | None = None
+    output_uri: str | None = Field(None, max_length=2048, description="hyocr: s3://bucket/prefix/ or gs://..."
+                                   ": each line's result as <custom_id>.json, and a manifest.json")
 
 
 # ---------------------------------------------------------------- the /v1/ocr result

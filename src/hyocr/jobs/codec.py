@@ -33,17 +33,22 @@ def call_to_json(call: OcrCall) -> dict[str, Any]:
     return out
 
 
-def request_digest(call: OcrCall, callback: tuple[str, dict | None] | None, limits) -> str:
-    """What makes two submits the same request: the call's options and callback, and each document's
-    content (decoded, so base64, a data URL and an upload of one file are one request; an image URL by its
-    text, since its content is fetched later). An Idempotency-Key reused with another digest is refused."""
+def request_digest(call: OcrCall, callback: tuple[str, dict | None] | None, limits,
+                   output_uri: str | None = None) -> str:
+    """What makes two submits the same request: the call's options, callback and output URI, and each
+    document's content (decoded, so base64, a data URL and an upload of one file are one request; an image
+    URL or an object URI by its text, since it is read only after this check). An Idempotency-Key reused with
+    another digest is refused."""
     from ..pipeline.media import decode_base64
+    from ..pipeline.objects import is_object_uri
 
     whole = hashlib.sha256()
     options = {"call": call_to_json(call), "callback": list(callback) if callback else None}
+    if output_uri is not None:  # only when given: digests of jobs stored before output URIs stay valid
+        options["output_uri"] = output_uri
     whole.update(json.dumps(options, sort_keys=True, ensure_ascii=True, default=str).encode())
     for m in call.media:
-        if m.url:
+        if m.url or is_object_uri(m.data):
             content = b"url:" + str(m.data).encode("utf-8", "surrogatepass")
         else:
             raw = m.data if isinstance(m.data, bytes) else decode_base64(

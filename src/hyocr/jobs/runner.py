@@ -1,5 +1,6 @@
 """JobRunner: reads stored jobs in the background, range by range, through the same ``OcrService.read`` as
-/v1/ocr (admission, deadline, watchdog and all), below online traffic.
+/v1/ocr (admission, deadline, watchdog and all), below online traffic; and the batches' chunks of lines
+(jobs/batch_runner.py), in turn with the ranges, under the same rule.
 
 Online requests come first: a range starts only while fewer than (1 - JOB_ONLINE_RESERVE) x MAX_CONCURRENCY
 requests are in flight and none is queued, and at most JOB_WORKERS ranges run at once. Each page is stored
@@ -16,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..errors import HyocrError
 from ..pipeline.service import OcrService
@@ -24,6 +26,10 @@ from .codec import at_position
 from .outbox import Outbox
 from .store import Claim, JobRecord, JobStore
 from .webhooks import event_body
+
+if TYPE_CHECKING:
+    from .batch_runner import BatchRunner
+    from .exports import JobExports
 
 log = logging.getLogger("hyocr.jobs")
 BACKGROUND = 1  # EngineRequest.priority of a job's pages: after every waiting online request
@@ -41,15 +47,26 @@ class JobRunner:
         self.poll = poll
         self.replica = uuid.uuid4().hex[:16]
         self.wake = asyncio.Event()  # a job was submitted, or a range ended: look for work now
-        self._ranges: dict[int, asyncio.Task] = {}
-        self._job_of: dict[int, str] = {}  # range id -> its job, for stopping a cancelled job's ranges here
+        self.batch_wake = asyncio.Event()  # a batch was created or cancelled: whole-batch work may be due
+        self.export_wake = asyncio.Event()  # a job with an output URI ended
+        self.batches: BatchRunner | None = None  # set by Jobs: batch chunks share the dispatcher
+        self.exports: JobExports | None = None
+        # running work, by key ("r<range id>", "b<chunk id>") -> its task; and the job or batch it belongs to,
+        # for stopping a cancelled one's work here
+        self._ranges: dict[str, asyncio.Task] = {}
+        self._job_of: dict[str, str] = {}
         self._loops: list[asyncio.Task] = []
+        self._batch_turn = False  # ranges and batch chunks are claimed in turn
 
     # ------------------------------------------------------------------ life
 
     def start(self) -> None:
         self._loops = [asyncio.create_task(self._dispatch()), asyncio.create_task(self.outbox.run(self.poll)),
                        asyncio.create_task(self._sweep())]
+        if self.batches is not None:
+            self._loops.append(asyncio.create_task(self.batches.run(self.poll, self.batch_wake, self.wake)))
+        if self.exports is not None:
+            self._loops.append(asyncio.create_task(self.exports.run(self.poll, self.export_wake)))
 
     async def stop(self) -> None:
         """Stop reading: ranges in progress are given back at once (not left to their lease), so a restart
@@ -69,10 +86,10 @@ class JobRunner:
     async def _dispatch(self) -> None:
         while True:
             try:
-                while self._room() and (claim := await self.store.claim(
-                        self.replica, max_running=self.settings.job_max_running)) is not None:
-                    task = asyncio.create_task(self._run(claim))
-                    self._ranges[claim.range_id], self._job_of[claim.range_id] = task, claim.job_id
+                while self._room() and (work := await self._claim()) is not None:
+                    key, owner, run = work
+                    task = asyncio.create_task(run)
+                    self._ranges[key], self._job_of[key] = task, owner
                     task.add_done_callback(self._forget)
                 await self._refresh_metrics()
             except Exception:  # the database went away for a moment: try again at the next poll
@@ -82,12 +99,35 @@ class JobRunner:
                 async with asyncio.timeout(self.poll):
                     await self.wake.wait()
 
+    async def _claim(self):
+        """(key, job or batch id, the coroutine to run) of the next work: a job's range or a batch's chunk,
+        in turn when both wait."""
+        for batch_turn in (self._batch_turn, not self._batch_turn):
+            if batch_turn and self.batches is not None:
+                if (chunk := await self.batches.claim()) is not None:
+                    self._batch_turn = False
+                    return f"b{chunk.chunk_id}", chunk.batch_id, self._run_chunk(chunk)
+            elif not batch_turn:
+                claim = await self.store.claim(self.replica, max_running=self.settings.job_max_running)
+                if claim is not None:
+                    self._batch_turn = True
+                    return f"r{claim.range_id}", claim.job_id, self._run(claim)
+        return None
+
+    async def _run_chunk(self, chunk) -> None:
+        try:
+            await self.batches.run_chunk(chunk)
+        finally:
+            self.wake.set()
+            self.batch_wake.set()  # its batch may be done: finalize it
+
     def _forget(self, task: asyncio.Task) -> None:
         for range_id in [r for r, t in self._ranges.items() if t is task]:
             del self._ranges[range_id], self._job_of[range_id]
 
     def stop_job(self, job_id: str) -> None:
-        """Stop this replica's ranges of a cancelled job now (other replicas stop at their next renewal)."""
+        """Stop this replica's ranges of a cancelled job, or chunks of a cancelled batch, now (other replicas
+        stop at their next renewal)."""
         for range_id, owner in list(self._job_of.items()):
             if owner == job_id:
                 self._ranges[range_id].cancel()
@@ -193,6 +233,8 @@ class JobRunner:
         if job is not None:
             log.info("job %s %s: %d pages (%d failed)", job.id, job.status, job.pages_done, job.pages_failed)
             await self.notify(job)
+            if job.output_uri:
+                self.export_wake.set()
 
     # ------------------------------------------------------------------ webhooks, retention, metrics
 
@@ -208,6 +250,11 @@ class JobRunner:
             with contextlib.suppress(Exception):
                 if deleted := await self.store.sweep(time.time()):
                     log.info("deleted %d jobs past their retention", deleted)
+                if self.batches is not None:
+                    batches = await self.batches.store.sweep(time.time())
+                    files = await self.batches.files.sweep(time.time())
+                    if batches or files:
+                        log.info("deleted %d batches and %d files past their retention", batches, files)
             await asyncio.sleep(min(60.0, self.settings.job_retention / 4))
 
     def _count_page(self) -> None:

@@ -1,6 +1,9 @@
 """Jobs: what the /v1/jobs routes call. Submission checks a call as a read would (task, media, pages) and
 stores it cut into page ranges; the runner reads them later; results are read back from the store.
 
+The Batch API (``files``, ``batches``) and the results written to object storage (``output_uri``) live on
+the same database and runner: ``Jobs`` is the one object the api layer holds.
+
 A submit is refused before anything is stored when it reuses an Idempotency-Key for another request (422),
 or when its caller already has JOB_MAX_ACTIVE jobs queued or running, or documents of JOB_MAX_STORED_BYTES
 waiting in them (429 with Retry-After). The caps are checked and the job stored under one lock per caller
@@ -16,10 +19,16 @@ import weakref
 from dataclasses import dataclass
 
 from ..errors import Conflict, IdempotencyKeyReused, InvalidRequest, NotFound, PayloadTooLarge, RateLimited
+from ..pipeline.objects import ObjectStore
 from ..pipeline.pdf_worker import parse_pages
 from ..pipeline.service import OcrService
 from ..types import OcrCall, OcrResult, PageResult, Task, Usage
+from .batch_runner import BatchRunner
+from .batch_store import BatchStore
+from .batches import Batches
 from .codec import request_digest
+from .exports import JobExports
+from .files import Files, FileStore
 from .runner import JobRunner
 from .store import JobRecord, JobStore, database_url
 from .webhooks import WebhookSigner, check_callback_url, load_secret
@@ -34,18 +43,34 @@ class Callback:
 
 
 class Jobs:
-    def __init__(self, store: JobStore, runner: JobRunner, service: OcrService, settings) -> None:
+    def __init__(self, store: JobStore, runner: JobRunner, service: OcrService, settings, *,
+                 objects: ObjectStore | None = None, result_body=None, answer=None) -> None:
         self.store = store
         self.runner = runner
         self.service = service
         self.settings = settings
+        self.objects = objects or ObjectStore.from_settings(settings)
+        self.result_body = result_body  # OcrResult -> the /v1/ocr body (api/bodies.ocr_body), for output URIs
         self._submitting: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        file_store = FileStore(store.engine, settings)
+        self.files = Files(file_store, settings)
+        batch_store = BatchStore(store.engine, lease=settings.job_lease)
+        self.batches = Batches(batch_store, file_store, self.objects, settings)
+        self.batches.wake = runner.batch_wake
+        # the runner's other work: a batch's chunks and whole-batch steps, a finished job's output URI
+        runner.batches = BatchRunner(batch_store, file_store, self.objects, settings,
+                                     replica=runner.replica, answer=answer)
+        runner.exports = JobExports(store.engine, self.objects, lease=settings.job_lease,
+                                    replica=runner.replica, document=self.document)
 
     @classmethod
-    def from_settings(cls, service: OcrService, settings, *, describe, metrics=None) -> Jobs:
+    def from_settings(cls, service: OcrService, settings, *, describe, metrics=None, result_body=None,
+                      answer=None) -> Jobs:
+        """``describe`` (a job's wire object), ``result_body`` (a result's) and ``answer`` (a batch line
+        through its online route's path) come from the api layer, which jobs/ does not import."""
         store = JobStore(database_url(settings), lease=settings.job_lease)
         runner = JobRunner(store, service, settings, describe=describe, metrics=metrics)
-        return cls(store, runner, service, settings)
+        return cls(store, runner, service, settings, result_body=result_body, answer=answer)
 
     async def open(self) -> None:
         """Open the database (before the engine loads: a wrong URL fails in a second, not after a model
@@ -69,13 +94,20 @@ class Jobs:
         await self.store.close()
 
     async def submit(self, owner: str, call: OcrCall, *, idempotency_key: str | None,
-                     callback: Callback | None) -> tuple[JobRecord, bool]:
+                     callback: Callback | None, output_uri: str | None = None) -> tuple[JobRecord, bool]:
+        """Store a job. Its object URIs (``image: "s3://..."``) are read here, as image URLs are, so a job
+        holds its documents; ``output_uri`` (a prefix) receives its result when it ends."""
+        limits = self.service.inputs.limits
         digest = await asyncio.to_thread(request_digest, call, callback and (callback.url, callback.headers),
-                                         self.service.inputs.limits)
+                                         limits, output_uri)
         if idempotency_key is not None and (known := await self.store.get_by_key(owner, idempotency_key)):
             return self._same_request(known, digest), False  # before any work: a retry costs a lookup
+        if output_uri is not None:
+            output_uri = str(self.objects.checked(output_uri, param="output_uri", prefix=True))
         if callback is not None:
             await check_callback_url(callback.url, self.service.inputs.fetch_policy)
+        call = await self.objects.fetch_media(call, max_bytes=max(limits.max_image_bytes,
+                                                                  limits.max_pdf_bytes))
         surveyed = await self.service.survey(call)
         if surveyed.pdf:
             items = list(parse_pages(surveyed.call.pages, surveyed.pages, self.settings.job_max_pages))
@@ -91,7 +123,7 @@ class Jobs:
                 pdf=surveyed.pdf, items=items, range_pages=range_pages, task=surveyed.task.value,
                 requested_task=surveyed.requested_task.value, model=surveyed.model,
                 engine=self.service.engine.info.name, callback_url=callback.url if callback else None,
-                callback_headers=callback.headers if callback else None)
+                callback_headers=callback.headers if callback else None, output_uri=output_uri)
         self.runner.wake.set()
         return (job, True) if created else (self._same_request(job, digest), False)
 
@@ -132,6 +164,9 @@ class Jobs:
         if job.status != "succeeded":
             message = (job.error or {}).get("message") or job.status
             raise Conflict(f"job {job.id} {job.status}: {message}", code=f"job_{job.status}")
+        return await self._result(job)
+
+    async def _result(self, job: JobRecord) -> OcrResult:
         pages = tuple(await self.store.result_pages(job.id))
         usage = sum((p.usage for p in pages), Usage())
         elapsed = ((job.finished_at or time.time()) - (job.started_at or job.created_at)) * 1000
@@ -139,6 +174,13 @@ class Jobs:
                          requested_task=Task(job.requested_task), pages=pages, usage=usage,
                          timings={"queued_ms": round(((job.started_at or job.created_at) - job.created_at) * 1000, 2),
                                   "total_ms": round(elapsed, 2)})
+
+    async def document(self, job_id: str) -> tuple[dict | None, JobRecord]:
+        """A finished job's result body for its output URI (error pages included; None when cancelled)."""
+        job = await self.store.get(None, job_id)
+        if job.status == "cancelled" or self.result_body is None:
+            return None, job
+        return self.result_body(await self._result(job)), job
 
     async def pages(self, owner: str, job_id: str, *, after: int, limit: int
                     ) -> tuple[list[tuple[int, int, PageResult]], bool]:

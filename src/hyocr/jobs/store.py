@@ -46,6 +46,9 @@ class JobRecord:
     callback_headers: dict | None
     queue_position: int | None = None  # queued: how many of the owner's own queued jobs are ahead
     request_digest: str | None = None  # codec.request_digest of the submit (None: stored by an older hyocr)
+    output_uri: str | None = None  # where the result is written when the job ends (jobs/exports.py)
+    output_state: str | None = None  # pending | writing | written | failed
+    output_error: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -106,7 +109,8 @@ class JobStore:
     async def submit(self, *, owner: str, idempotency_key: str | None, call: OcrCall, pdf: bool,
                      items: list[int], range_pages: int, task: str, requested_task: str, model: str,
                      engine: str, callback_url: str | None, callback_headers: dict | None,
-                     request_digest: str | None = None) -> tuple[JobRecord, bool]:
+                     request_digest: str | None = None, output_uri: str | None = None
+                     ) -> tuple[JobRecord, bool]:
         """(the job, whether it is new): a key already used by this owner returns that job (the caller
         compares its ``request_digest``)."""
         if idempotency_key is not None and (known := await self.get_by_key(owner, idempotency_key)) is not None:
@@ -119,7 +123,8 @@ class JobStore:
                     status="queued",
                     created_at=time.time(), call=codec.call_to_json(call), pdf=int(pdf), pages_total=len(items),
                     task=task, requested_task=requested_task, model=model, engine=engine,
-                    callback_url=callback_url, callback_headers=callback_headers))
+                    callback_url=callback_url, callback_headers=callback_headers, output_uri=output_uri,
+                    output_state="pending" if output_uri else None))
                 await db.execute(insert(inputs), [{"job_id": job_id, "n": n, "param": m.param, "data": m.data}
                                                   for n, m in enumerate(call.media)])
                 await db.execute(insert(ranges), [
@@ -349,6 +354,7 @@ def _record(row: Any, position: int | None) -> JobRecord:
         task=row["task"], requested_task=row["requested_task"], model=row["model"], engine=row["engine"],
         pdf=bool(row["pdf"]), error=row["error"], callback_url=row["callback_url"],
         callback_headers=row["callback_headers"], queue_position=position, request_digest=row["request_digest"],
+        output_uri=row["output_uri"], output_state=row["output_state"], output_error=row["output_error"],
     )
 
 

@@ -1,0 +1,233 @@
+"""Files of the OpenAI Batch API (/v1/files): batch input files a caller uploads, and the output and error
+files a batch writes. Kept in the jobs database (under DATA_DIR with SQLite; shared by the replicas of one
+PostgreSQL database) in parts of ``PART`` bytes, so a 200 MiB file is written and downloaded a part at a
+time, never held whole.
+
+A file belongs to its caller (another gets 404), counts against JOB_MAX_STORED_BYTES (a caller's files on
+their own, apart from its jobs' documents), and expires like a job's results (JOB_RETENTION after it was
+made, or the ``expires_after`` the upload asked for). A file is
+visible only once all its parts are stored: an upload cut by a crash leaves an incomplete row the sweep
+removes.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ..errors import InvalidRequest, NotFound, PayloadTooLarge, RateLimited
+from .schema import file_parts, files
+
+PART = 4 * 1024 * 1024
+PURPOSES = ("batch",)  # what a caller may upload; a batch's own files are "batch_output"
+ABANDONED = 3600.0  # seconds after which an upload that never completed is swept
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    id: str
+    owner: str
+    filename: str
+    purpose: str
+    bytes: int
+    lines: int | None
+    created_at: float
+    expires_at: float | None
+
+
+class LineCounter:
+    """Counts the non-blank lines of bytes fed in pieces (a line cut between two pieces counts once)."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self._open = False  # the line being read has something besides whitespace
+
+    def feed(self, data: bytes) -> None:
+        parts = data.split(b"\n")
+        for i, part in enumerate(parts):
+            self._open = self._open or bool(part.strip())
+            if i < len(parts) - 1:
+                self.lines += self._open
+                self._open = False
+
+    def close(self) -> int:
+        self.lines += self._open
+        self._open = False
+        return self.lines
+
+
+class FileStore:
+    def __init__(self, engine: AsyncEngine, settings) -> None:
+        self.engine = engine
+        self.settings = settings
+
+    # ------------------------------------------------------------------ writing
+
+    async def write(self, *, owner: str, filename: str, purpose: str, parts: AsyncIterator[bytes],
+                    expires_at: float | None, file_id: str | None = None, count_lines: bool = False,
+                    max_bytes: int | None = None) -> FileRecord:
+        """Store a file from ``parts`` (any sizes; stored in PART-sized rows) and make it visible at the end.
+        A given ``file_id`` replaces the file of that id (a batch's output written again after a crash)."""
+        file_id = file_id or f"file-{uuid.uuid4().hex}"
+        now = time.time()
+        async with self.engine.begin() as db:
+            await db.execute(delete(file_parts).where(file_parts.c.file_id == file_id))
+            await db.execute(delete(files).where(files.c.id == file_id))
+            await db.execute(insert(files).values(id=file_id, owner=owner, filename=filename, purpose=purpose,
+                                                  bytes=0, created_at=now, expires_at=expires_at, complete=0))
+        counter = LineCounter() if count_lines else None
+        size, n, buffer = 0, 0, bytearray()
+        try:
+            async for data in parts:
+                size += len(data)
+                if max_bytes is not None and size > max_bytes:
+                    raise PayloadTooLarge(f"the file is larger than the {max_bytes} byte limit", param="file")
+                if counter is not None:
+                    counter.feed(data)
+                buffer += data
+                while len(buffer) >= PART:
+                    await self._part(file_id, n, bytes(buffer[:PART]))
+                    del buffer[:PART]
+                    n += 1
+            if buffer or n == 0:
+                await self._part(file_id, n, bytes(buffer))
+            async with self.engine.begin() as db:
+                await db.execute(update(files).where(files.c.id == file_id).values(
+                    bytes=size, complete=1, lines=counter.close() if counter is not None else None))
+        except BaseException:
+            await self._drop(file_id)
+            raise
+        return FileRecord(file_id, owner, filename, purpose, size, counter.lines if counter else None, now,
+                          expires_at)
+
+    async def _part(self, file_id: str, n: int, data: bytes) -> None:
+        async with self.engine.begin() as db:
+            await db.execute(insert(file_parts).values(file_id=file_id, n=n, data=data))
+
+    async def _drop(self, file_id: str) -> None:
+        async with self.engine.begin() as db:
+            await db.execute(delete(file_parts).where(file_parts.c.file_id == file_id))
+            await db.execute(delete(files).where(files.c.id == file_id))
+
+    # ------------------------------------------------------------------ reading
+
+    async def get(self, owner: str | None, file_id: str) -> FileRecord | None:
+        where = and_(files.c.id == file_id, files.c.complete == 1)
+        if owner is not None:
+            where = and_(where, files.c.owner == owner)
+        async with self.engine.connect() as db:
+            row = (await db.execute(select(files).where(where))).mappings().first()
+        return _record(row) if row else None
+
+    async def parts(self, file_id: str) -> AsyncIterator[bytes]:
+        """The file's bytes, a part at a time (each part its own short query)."""
+        n = 0
+        while True:
+            async with self.engine.connect() as db:
+                data = await db.scalar(select(file_parts.c.data).where(file_parts.c.file_id == file_id,
+                                                                       file_parts.c.n == n))
+            if data is None:
+                return
+            yield bytes(data)
+            n += 1
+
+    async def list(self, owner: str, *, limit: int, after: str | None, order: str, purpose: str | None
+                   ) -> tuple[list[FileRecord], bool]:
+        where = and_(files.c.owner == owner, files.c.complete == 1)
+        if purpose is not None:
+            where = and_(where, files.c.purpose == purpose)
+        newest_first = order == "desc"
+        if after is not None:
+            async with self.engine.connect() as db:
+                row = (await db.execute(select(files.c.created_at, files.c.id).where(
+                    files.c.id == after, files.c.owner == owner))).first()
+            if row is None:
+                return [], False
+            if newest_first:
+                where = and_(where, or_(files.c.created_at < row.created_at,
+                                        and_(files.c.created_at == row.created_at, files.c.id < row.id)))
+            else:
+                where = and_(where, or_(files.c.created_at > row.created_at,
+                                        and_(files.c.created_at == row.created_at, files.c.id > row.id)))
+        keys = (files.c.created_at.desc(), files.c.id.desc()) if newest_first else (files.c.created_at,
+                                                                                    files.c.id)
+        async with self.engine.connect() as db:
+            rows = (await db.execute(select(files).where(where).order_by(*keys).limit(limit + 1))
+                    ).mappings().all()
+        return [_record(r) for r in rows[:limit]], len(rows) > limit
+
+    async def stored(self, owner: str) -> int:
+        async with self.engine.connect() as db:
+            return int(await db.scalar(select(func.coalesce(func.sum(files.c.bytes), 0)).where(
+                files.c.owner == owner)) or 0)
+
+    # ------------------------------------------------------------------ deleting
+
+    async def delete(self, owner: str, file_id: str) -> bool:
+        async with self.engine.connect() as db:
+            found = await db.scalar(select(files.c.id).where(files.c.id == file_id, files.c.owner == owner,
+                                                             files.c.complete == 1))
+        if found:
+            await self._drop(file_id)
+        return bool(found)
+
+    async def sweep(self, now: float) -> int:
+        """Delete files past their expiry, and uploads a crash left incomplete."""
+        async with self.engine.connect() as db:
+            gone = (await db.scalars(select(files.c.id).where(or_(
+                files.c.expires_at < now, and_(files.c.complete == 0, files.c.created_at < now - ABANDONED)))
+                .limit(200))).all()
+        for file_id in gone:
+            await self._drop(file_id)
+        return len(gone)
+
+
+class Files:
+    """What the /v1/files routes call: uploads checked against the caps, reads and deletes by owner."""
+
+    def __init__(self, store: FileStore, settings) -> None:
+        self.store = store
+        self.settings = settings
+
+    async def upload(self, owner: str, *, filename: str, purpose: str, size: int, parts: AsyncIterator[bytes],
+                     expires_after: int | None) -> FileRecord:
+        if purpose not in PURPOSES:
+            raise InvalidRequest(f"purpose {purpose[:64]!r} is not supported: this server takes files for "
+                                 f"{', '.join(PURPOSES)}", param="purpose", code="invalid_purpose")
+        cap = min(self.settings.file_max_bytes, self.settings.max_body_bytes)
+        if size > cap:
+            raise PayloadTooLarge(f"the file ({size} bytes) is larger than the {cap} byte limit",
+                                  param="file")
+        stored, room = await self.store.stored(owner), self.settings.job_max_stored_bytes
+        if stored + size > room:
+            raise RateLimited(f"your files hold {stored} bytes; this one ({size} bytes) would pass the "
+                              f"{room} bytes kept per caller: delete files you no longer need",
+                              code="too_many_file_bytes", headers={"Retry-After": "60"})
+        now = time.time()
+        keep = expires_after if expires_after is not None else self.settings.job_retention
+        return await self.store.write(owner=owner, filename=filename[:512] or "upload.jsonl", purpose=purpose,
+                                      parts=parts, expires_at=now + keep, count_lines=True, max_bytes=cap)
+
+    async def get(self, owner: str, file_id: str) -> FileRecord:
+        found = await self.store.get(owner, file_id)
+        if found is None:  # another caller's file is not found either
+            raise NotFound(f"no file {file_id[:80]!r}", param="file_id", code="file_not_found")
+        return found
+
+    async def delete(self, owner: str, file_id: str) -> None:
+        if not await self.store.delete(owner, file_id):
+            raise NotFound(f"no file {file_id[:80]!r}", param="file_id", code="file_not_found")
+
+    async def list(self, owner: str, *, limit: int, after: str | None, order: str, purpose: str | None):
+        return await self.store.list(owner, limit=limit, after=after, order=order, purpose=purpose)
+
+
+def _record(row: Any) -> FileRecord:
+    return FileRecord(row["id"], row["owner"], row["filename"], row["purpose"], int(row["bytes"]),
+                      row["lines"], row["created_at"], row["expires_at"])

@@ -1,0 +1,209 @@
+"""The Batch API under what a hostile or careless client sends, over real HTTP: bad JSONL lines, lines for an
+endpoint the batch is not for, bodies the online route refuses, a line past the size cap, duplicate
+custom_ids, a 10,000-line file past a configured cap, another caller's file ids, credentials in requests.
+Every answer is a JSON 4xx or an error line in the output, never a 500, and no line is lost. The fake
+engine: these are about the serving layer, not OCR."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+import requests
+from imaging import Line, render, to_bytes
+
+ALICE = {"Authorization": "Bearer alice-key"}
+BOB = {"Authorization": "Bearer bob-key"}
+PNG = base64.b64encode(to_bytes(render([Line("LINE", (10, 10), 30)], size=(200, 60)).image)).decode()
+
+
+def _is_error(r: requests.Response, status: int, code: str | None = None, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if code is not None:
+        assert error["code"] == code, error
+    if param is not None:
+        assert error["param"] == param, error
+    return error
+
+
+def _upload(url: str, data: bytes, headers: dict = ALICE, purpose: str = "batch") -> requests.Response:
+    return requests.post(f"{url}/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": purpose},
+                         headers=headers, timeout=30)
+
+
+def _create(url: str, file_id: str, endpoint: str = "/v1/ocr", headers: dict = ALICE, **more) -> requests.Response:
+    return requests.post(f"{url}/v1/batches", json={"input_file_id": file_id, "endpoint": endpoint,
+                                                    "completion_window": "24h", **more}, headers=headers, timeout=30)
+
+
+def _ended(url: str, batch_id: str, headers: dict = ALICE, timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = requests.get(f"{url}/v1/batches/{batch_id}", headers=headers, timeout=10).json()
+        if batch["status"] in ("completed", "failed", "cancelled", "expired"):
+            return batch
+        time.sleep(0.1)
+    raise AssertionError(f"batch {batch_id} did not end: {batch}")
+
+
+def _content(url: str, file_id: str | None) -> list[dict]:
+    if file_id is None:
+        return []
+    r = requests.get(f"{url}/v1/files/{file_id}/content", headers=ALICE, timeout=30)
+    assert r.status_code == 200
+    return [json.loads(line) for line in r.text.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def server():
+    from servers import LiveServer
+
+    from hyocr.config import load_settings
+
+    # a line is at most one MAX_IMAGE_BYTES image as base64 and 1 MiB: 1.4 MiB here
+    live = LiveServer(load_settings(engine="fake", ui=False, api_keys="alice-key,bob-key", max_image_bytes=300_000,
+                                    batch_max_lines=5000, job_max_attempts=2)).start()
+    yield live
+    live.stop()
+
+
+def test_bad_lines_are_error_lines_and_the_good_ones_are_answered(server):
+    good = {"custom_id": "good", "method": "POST", "url": "/v1/ocr", "body": {"image": PNG, "task": "text"}}
+    lines = [
+        json.dumps(good),
+        "{this is not json",
+        json.dumps({"method": "POST", "url": "/v1/ocr", "body": {"image": PNG}}),  # no custom_id
+        json.dumps({**good, "custom_id": "get", "method": "GET"}),
+        json.dumps({**good, "custom_id": "embeddings", "url": "/v1/embeddings"}),  # an endpoint not allowed
+        json.dumps({**good, "custom_id": "chat-url", "url": "/v1/chat/completions"}),  # not this batch's
+        json.dumps({**good, "custom_id": "no-body", "body": None}),
+        json.dumps({**good, "custom_id": "bad-task", "body": {"image": PNG, "task": "nope"}}),
+        json.dumps({**good, "custom_id": "bad-temp", "body": {"image": PNG, "temperature": 9}}),
+        json.dumps({**good, "custom_id": "not-image", "body": {"image": base64.b64encode(b"text").decode()}}),
+        json.dumps({**good, "custom_id": "creds", "body": {"image": PNG, "aws_secret_access_key": "x"}}),
+        json.dumps({**good, "custom_id": "s3-off", "body": {"image": "s3://corpus/a.png"}}),
+        json.dumps({**good, "custom_id": "streamed", "body": {"image": PNG, "stream": True}}),
+        json.dumps({**good, "custom_id": "huge", "body": {"image": "A" * 2_000_000}}),  # past the line cap
+        json.dumps({**good, "custom_id": "engine-fails", "body": {"image": PNG, "task": "vqa",
+                                                                  "question": "[[fake:fail]]"}}),
+        "",
+        "   ",
+        json.dumps({**good, "custom_id": "last"}),
+    ]
+    file_id = _upload(server.url, "\n".join(lines).encode()).json()["id"]
+    batch = _ended(server.url, _create(server.url, file_id).json()["id"])
+    assert batch["status"] == "completed", batch
+    assert batch["request_counts"] == {"total": 16, "completed": 2, "failed": 14}  # blank lines are no requests
+    output, errors = _content(server.url, batch["output_file_id"]), _content(server.url, batch["error_file_id"])
+    assert [line["custom_id"] for line in output] == ["good", "last"]
+    by_id = {line["custom_id"]: line for line in errors}
+    assert len(errors) == 14 and sum(1 for line in errors if line["custom_id"] is None) == 3
+    nameless = sorted(line["error"]["code"] for line in errors if line["custom_id"] is None)
+    assert nameless == ["invalid_json_line", "line_too_large", "missing_custom_id"]
+    for custom_id, code in (("get", "invalid_method"), ("embeddings", "invalid_url"), ("chat-url", "invalid_url"),
+                            ("no-body", "invalid_body")):
+        assert by_id[custom_id]["response"] is None and by_id[custom_id]["error"]["code"] == code, by_id[custom_id]
+    for custom_id, status, code in (("bad-task", 400, None), ("bad-temp", 400, None),
+                                    ("not-image", 400, "invalid_image"), ("creds", 400, "credentials_not_accepted"),
+                                    ("s3-off", 400, "object_store_disabled"), ("streamed", 400, None),
+                                    ("engine-fails", 500, None)):
+        response = by_id[custom_id]["response"]
+        assert response["status_code"] == status and response["request_id"], by_id[custom_id]
+        assert set(response["body"]["error"]) == {"message", "type", "param", "code"}
+        assert by_id[custom_id]["error"]["message"] == response["body"]["error"]["message"]
+        if code is not None:
+            assert response["body"]["error"]["code"] == code, response
+    # the message the online route gives for the same body
+    online = requests.post(f"{server.url}/v1/ocr", json={"image": PNG, "temperature": 9}, headers=ALICE, timeout=30)
+    assert by_id["bad-temp"]["response"]["body"]["error"] == online.json()["error"]
+    online = requests.post(f"{server.url}/v1/ocr", json={"image": PNG, "task": "nope"}, headers=ALICE, timeout=30)
+    assert by_id["bad-task"]["response"]["body"]["error"] == online.json()["error"]
+    assert "internal error" in by_id["engine-fails"]["error"]["message"]  # tried JOB_MAX_ATTEMPTS times, then this
+
+
+def test_a_file_that_cannot_be_a_batch_fails_it_with_openais_errors(server):
+    line = {"custom_id": "same", "method": "POST", "url": "/v1/ocr", "body": {"image": PNG}}
+    file_id = _upload(server.url, (json.dumps(line) + "\n") * 3).json()["id"]
+    batch = _ended(server.url, _create(server.url, file_id).json()["id"])
+    assert batch["status"] == "failed" and batch["failed_at"] and batch["output_file_id"] is None
+    assert batch["errors"]["object"] == "list"
+    assert [(e["code"], e["line"]) for e in batch["errors"]["data"]] == [("duplicate_custom_id", 2),
+                                                                        ("duplicate_custom_id", 3)]
+
+
+def test_a_file_past_the_line_cap_is_refused_at_create(server):
+    lines = "".join(json.dumps({"custom_id": f"r{n}", "method": "POST", "url": "/v1/ocr", "body": {"image": "x"}})
+                    + "\n" for n in range(10_000))
+    uploaded = _upload(server.url, lines.encode())
+    assert uploaded.status_code == 200, uploaded.text
+    error = _is_error(_create(server.url, uploaded.json()["id"]), 400, "batch_too_large", "input_file_id")
+    assert "10000" in error["message"] and "5000" in error["message"]
+    empty = _upload(server.url, b"\n \n").json()["id"]
+    _is_error(_create(server.url, empty), 400, "empty_file")
+
+
+def test_another_callers_files_and_batches_are_not_found(server):
+    mine = _upload(server.url, json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/ocr",
+                                           "body": {"image": PNG}}).encode()).json()["id"]
+    _is_error(_create(server.url, mine, headers=BOB), 404, "file_not_found")
+    for method, path in (("get", ""), ("get", "/content"), ("delete", "")):
+        _is_error(requests.request(method, f"{server.url}/v1/files/{mine}{path}", headers=BOB, timeout=10), 404)
+    assert mine not in [f["id"] for f in requests.get(f"{server.url}/v1/files", headers=BOB, timeout=10).json()["data"]]
+    batch = _create(server.url, mine).json()
+    for method, path in (("get", ""), ("post", "/cancel")):
+        _is_error(requests.request(method, f"{server.url}/v1/batches/{batch['id']}{path}", headers=BOB, timeout=10),
+                  404, "batch_not_found")
+    _is_error(_create(server.url, "file-does-not-exist"), 404, "file_not_found")
+    assert _ended(server.url, batch["id"])["status"] == "completed"  # untouched by Bob
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"endpoint": "/v1/embeddings"}, 400, "endpoint"),
+    ({"endpoint": "/v1/jobs"}, 400, "endpoint"),
+    ({"completion_window": "48h"}, 400, "completion_window"),
+    ({"metadata": {f"k{n}": "v" for n in range(17)}}, 400, "metadata"),
+    ({"metadata": {"k": "v" * 513}}, 400, None),
+    ({"metadata": {"k": 5}}, 400, None),
+    ({"output_expires_after": {"anchor": "created_at", "seconds": 10}}, 400, None),
+    ({"aws_access_key_id": "AKIA...", "aws_secret_access_key": "x"}, 400, "aws_access_key_id"),
+    ({"input_file_id": "s3://corpus/batch.jsonl"}, 400, "input_file_id"),
+    ({"input_file_id": "s3://KEY:SECRET@corpus/batch.jsonl"}, 400, "input_file_id"),
+    ({"output_uri": "s3://results/run-1/"}, 400, "output_uri"),
+    ({"input_file_id": ""}, 400, None),
+])
+def test_bad_batch_requests_are_json_4xx(server, body, status, param):
+    file_id = _upload(server.url, json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/ocr",
+                                              "body": {"image": PNG}}).encode()).json()["id"]
+    request = {"input_file_id": file_id, "endpoint": "/v1/ocr", "completion_window": "24h", **body}
+    r = requests.post(f"{server.url}/v1/batches", json=request, headers=ALICE, timeout=10)
+    _is_error(r, status, param=param)
+
+
+def test_bad_uploads_and_queries_are_json_4xx(server):
+    _is_error(_upload(server.url, b"{}", purpose="fine-tune"), 400, "invalid_purpose", "purpose")
+    _is_error(requests.post(f"{server.url}/v1/files", files={"purpose": (None, "batch")}, headers=ALICE,
+                            timeout=10), 400, param="file")
+    _is_error(requests.post(f"{server.url}/v1/files", data={"purpose": "batch"}, headers=ALICE, timeout=10), 415)
+    _is_error(requests.post(f"{server.url}/v1/files", json={"purpose": "batch"}, headers=ALICE, timeout=10), 415)
+    _is_error(requests.post(f"{server.url}/v1/files", files={"file": ("x", b"{}")}, headers=ALICE, timeout=10), 400,
+              param="purpose")
+    r = requests.post(f"{server.url}/v1/files", files={"file": ("x", b"{}")},
+                      data={"purpose": "batch", "expires_after[anchor]": "created_at", "expires_after[seconds]": "5"},
+                      headers=ALICE, timeout=10)
+    _is_error(r, 400, param="expires_after")
+    for query in ("limit=0", f"limit={10**20}", "order=sideways", f"after={'x' * 200}"):
+        _is_error(requests.get(f"{server.url}/v1/files?{query}", headers=ALICE, timeout=10), 400)
+    for query in ("limit=101", f"limit={2**63}"):
+        _is_error(requests.get(f"{server.url}/v1/batches?{query}", headers=ALICE, timeout=10), 400)
+    _is_error(requests.post(f"{server.url}/v1/batches", data=b"{not json", headers={
+        **ALICE, "Content-Type": "application/json"}, timeout=10), 400)
+
+
+def test_a_file_past_the_byte_cap_is_refused(fake_server_factory):
+    server = fake_server_factory(ui=False, file_max_bytes=4096)
+    _is_error(_upload(server.url, b"x" * 5000, headers={}), 413, "payload_too_large", "file")
+    assert requests.get(f"{server.url}/v1/files", timeout=10).json()["data"] == []  # nothing kept

@@ -1,0 +1,175 @@
+"""BatchStore and FileStore on a real SQLite file: the guarantees batches rest on (a chunk held by one
+replica, a line answered once, a dead replica's chunk freed by its lease with only its open lines, nothing
+answered after a batch was closed), without a server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from hyocr.jobs.batch_store import BatchStore
+from hyocr.jobs.files import PART, FileStore
+from hyocr.jobs.store import JobStore
+
+
+async def _stores(tmp_path, lease: float = 30.0) -> tuple[BatchStore, FileStore]:
+    jobs = JobStore(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}", lease=lease)
+    await jobs.open()
+    return BatchStore(jobs.engine, lease=lease), FileStore(jobs.engine, None)
+
+
+async def _batch(store: BatchStore, lines: int = 5, chunk: int = 2) -> str:
+    batch = await store.create(owner="alice", endpoint="/v1/ocr", input_file_id="file-x", completion_window="24h",
+                               metadata=None, output_uri=None, output_expires_after=None, window=86400)
+    assert (await store.claim_batch("validator")).id == batch.id
+    await store.add_lines(batch.id, [{"n": n, "custom_id": f"c{n}", "request": b"{}"} for n in range(1, lines + 1)])
+    assert await store.start(batch.id, "validator", numbers=list(range(1, lines + 1)), chunk_lines=chunk)
+    await store.release_batch(batch.id, "validator")
+    return batch.id
+
+
+def _run(test, tmp_path, lease: float = 30.0) -> None:
+    """``test(batches, files)`` on fresh stores, their database closed after (no aiosqlite thread left)."""
+    async def go():
+        store, files = await _stores(tmp_path, lease)
+        try:
+            await test(store, files)
+        finally:
+            await store.engine.dispose()
+    asyncio.run(go())
+
+
+def _answer(n: int) -> dict:
+    return {"id": f"batch_req_{n}", "custom_id": f"c{n}", "response": {"status_code": 200}, "error": None}
+
+
+def test_a_chunk_has_one_holder_and_a_line_is_answered_once(tmp_path):
+    async def go(store, _files):
+        batch_id = await _batch(store)
+        first, second = await asyncio.gather(store.claim_chunk("a"), store.claim_chunk("b"))
+        assert first.chunk_id != second.chunk_id  # two replicas, two different chunks
+        assert [line.n for line in first.lines] == [1, 2]
+        assert await store.put_answer(batch_id, 1, 200, _answer(1), (3, 4))
+        assert not await store.put_answer(batch_id, 1, 200, _answer(1))  # a second answer is a no-op
+        batch = await store.get("alice", batch_id)
+        assert (batch.total, batch.completed, batch.failed, batch.prompt_tokens) == (5, 1, 0, 3)
+        assert await store.get("bob", batch_id) is None
+    _run(go, tmp_path)
+
+
+def test_a_dead_replicas_chunk_is_run_again_for_its_open_lines_only(tmp_path):
+    async def go(store, _files):
+        batch_id = await _batch(store, lines=3, chunk=3)
+        held = await store.claim_chunk("dead")
+        await store.put_answer(batch_id, 2, 200, _answer(2))  # it answered one line, then died
+        assert await store.claim_chunk("alive") is None  # its lease still runs
+        await asyncio.sleep(0.4)
+        again = await store.claim_chunk("alive")
+        assert again.chunk_id == held.chunk_id and [line.n for line in again.lines] == [1, 3]
+        assert again.attempts == 2
+        assert await store.renew_chunk(held.chunk_id, "dead") is None  # the dead one lost it
+    _run(go, tmp_path, lease=0.3)
+
+
+def test_closing_a_batch_answers_its_open_lines_and_a_late_answer_is_dropped(tmp_path):
+    async def go(store, _files):
+        batch_id = await _batch(store, lines=4)
+        late = await store.claim_chunk("slow")
+        await store.put_answer(batch_id, 1, 200, _answer(1))
+        assert await store.cancel("alice", batch_id)
+        assert not await store.cancel("alice", batch_id)  # once
+        assert await store.renew_chunk(late.chunk_id, "slow") == "cancelling"  # it stops at its next renewal
+        assert await store.close_open_lines(batch_id, "batch_cancelled", "not run") == 3
+        assert not await store.put_answer(batch_id, 2, 200, _answer(2))  # too late: answered as cancelled
+        rows = await store.answers(batch_id, after=0, limit=10)
+        assert [(n, status) for n, _, status, _ in rows] == [(1, 200), (2, 0), (3, 0), (4, 0)]
+        assert rows[1][3]["error"]["code"] == "batch_cancelled" and rows[1][3]["response"] is None
+        assert await store.claim_chunk("slow") is None  # every chunk closed
+    _run(go, tmp_path)
+
+
+def test_a_validation_that_died_half_way_starts_again_from_nothing(tmp_path):
+    async def go(store, _files):
+        batch = await store.create(owner="alice", endpoint="/v1/ocr", input_file_id="file-x",
+                                   completion_window="24h", metadata={"k": "v"}, output_uri=None,
+                                   output_expires_after=None, window=86400)
+        assert (await store.claim_batch("dead")).status == "validating"
+        await store.add_lines(batch.id, [{"n": 1, "custom_id": "a", "request": b"{}"}])
+        assert await store.claim_batch("alive") is None
+        await asyncio.sleep(0.4)
+        assert (await store.claim_batch("alive")).id == batch.id
+        await store.reset_lines(batch.id)
+        assert await store.answers(batch.id, after=0, limit=10) == []
+        assert not await store.start(batch.id, "dead", numbers=[1], chunk_lines=1)  # no longer its claim
+    _run(go, tmp_path, lease=0.3)
+
+
+def test_a_file_is_stored_in_parts_and_read_back_whole(tmp_path):
+    async def go(_store, files):
+        data = bytes(range(256)) * (PART // 256 * 2 + 3)  # two whole parts and a bit
+
+        async def pieces():
+            for i in range(0, len(data), 777_777):
+                yield data[i:i + 777_777]
+
+        record = await files.write(owner="alice", filename="x.jsonl", purpose="batch", parts=pieces(),
+                                   expires_at=time.time() + 60, count_lines=True)
+        assert record.bytes == len(data)
+        assert b"".join([p async for p in files.parts(record.id)]) == data
+        assert await files.get("bob", record.id) is None and await files.stored("alice") == len(data)
+        assert not await files.delete("bob", record.id) and await files.delete("alice", record.id)
+        assert await files.get("alice", record.id) is None and await files.stored("alice") == 0
+    _run(go, tmp_path)
+
+
+def test_batches_take_turns_for_chunks(tmp_path):
+    async def go(store, _files):
+        big = await _batch(store, lines=10, chunk=1)
+        small = await _batch(store, lines=2, chunk=1)
+        claims = [await store.claim_chunk("r") for _ in range(4)]
+        assert [c.batch_id for c in claims] == [big, small, big, small]  # not all of the big one first
+    _run(go, tmp_path)
+
+
+def test_a_batch_past_its_window_expires_with_its_unrun_lines_as_batch_expired(tmp_path):
+    import json
+
+    from hyocr.config import load_settings
+    from hyocr.jobs.batch_runner import Answered, BatchRunner
+    from hyocr.pipeline.objects import ObjectStore
+
+    async def answer(endpoint: str, request: bytes) -> Answered:  # the engine's part: not under test here
+        return Answered(200, {"object": "ocr.result", "echo": json.loads(request)}, "ocr-1")
+
+    async def go(store, files):
+        settings = load_settings(engine="fake", job_range_pages=1)
+        runner = BatchRunner(store, files, ObjectStore.from_settings(settings), settings, replica="r", answer=answer)
+
+        async def parts():
+            yield "".join(json.dumps({"custom_id": f"c{n}", "method": "POST", "url": "/v1/ocr",
+                                      "body": {"n": n}}) + "\n" for n in range(3)).encode()
+
+        uploaded = await files.write(owner="alice", filename="in.jsonl", purpose="batch", parts=parts(),
+                                     expires_at=None, count_lines=True)
+        batch = await store.create(owner="alice", endpoint="/v1/ocr", input_file_id=uploaded.id,
+                                   completion_window="24h", metadata=None, output_uri=None,
+                                   output_expires_after=None, window=1.0)
+        wake, dispatch = asyncio.Event(), asyncio.Event()
+        loop = asyncio.create_task(runner.run(0.05, wake, dispatch))
+        try:
+            while (await store.get("alice", batch.id)).status == "validating":
+                await asyncio.sleep(0.02)
+            await runner.run_chunk(await runner.claim())  # one line runs in time
+            await asyncio.sleep(1.0)
+            assert await runner.claim() is None  # past its window: no chunk is handed out
+            while (ended := await store.get("alice", batch.id)).status not in ("expired", "completed"):
+                await asyncio.sleep(0.02)
+        finally:
+            loop.cancel()
+        assert ended.status == "expired" and ended.expired_at and (ended.completed, ended.failed) == (1, 2)
+        output = b"".join([p async for p in files.parts(ended.output_file_id)]).decode().splitlines()
+        errors = b"".join([p async for p in files.parts(ended.error_file_id)]).decode().splitlines()
+        assert [json.loads(line)["custom_id"] for line in output] == ["c0"]
+        assert [(json.loads(e)["custom_id"], json.loads(e)["error"]["code"]) for e in errors] == [
+            ("c1", "batch_expired"), ("c2", "batch_expired")]
+    _run(go, tmp_path)
