@@ -152,28 +152,33 @@ def test_chat_and_completions_lines_answer_as_their_online_routes(rapid):
 
 
 def test_cancel_stops_the_lines_not_run_and_keeps_what_finished(fake_server_factory):
-    server = fake_server_factory(FakeEngine(FakeScript(latency=0.4)), ui=False, job_range_pages=1, job_workers=1)
+    engine = FakeEngine(FakeScript())
+    server = fake_server_factory(engine, ui=False, job_range_pages=1, job_workers=1)
     client = _client(server, "anything")
     png = _b64(_card("SLOW"))
+    # two quick lines, then slow ones: the cancel lands while one of those runs
     uploaded = client.files.create(file=("slow.jsonl", _jsonl([
-        {"custom_id": f"slow-{n}", "method": "POST", "url": "/v1/ocr", "body": {"image": png, "task": "text"}}
+        {"custom_id": f"slow-{n}", "method": "POST", "url": "/v1/ocr",
+         "body": {"image": png, "task": "vqa", "question": f"[[fake:delay={0.1 if n < 2 else 5}]]"}}
         for n in range(12)])), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/ocr", completion_window="24h")
     deadline = time.monotonic() + 60
-    while client.batches.retrieve(batch.id).request_counts.completed < 2:
+    while client.batches.retrieve(batch.id).request_counts.completed < 2 or not engine.active:
         assert time.monotonic() < deadline
-        time.sleep(0.05)
+        time.sleep(0.01)
+    running = set(engine.active)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at is not None
     done = _until_ended(client, batch.id)
     assert done.status == "cancelled" and done.cancelled_at >= done.cancelling_at
     assert client.batches.cancel(batch.id).status == "cancelled"  # again: as it is
     output, errors = _lines(client, done.output_file_id), _lines(client, done.error_file_id)
-    assert 2 <= len(output) < 12 and len(output) + len(errors) == 12
+    assert len(output) == 2 and len(errors) == 10
     assert sorted(line["custom_id"] for line in output + errors) == sorted(f"slow-{n}" for n in range(12))
     assert all(line["response"] is None and line["error"]["code"] == "batch_cancelled" for line in errors)
     counts = done.request_counts
     assert (counts.total, counts.completed, counts.failed) == (12, len(output), len(errors))
+    assert running & set(engine.aborted)  # the line running at the cancel was stopped in the engine
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")

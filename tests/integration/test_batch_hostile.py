@@ -90,6 +90,9 @@ def test_bad_lines_are_error_lines_and_the_good_ones_are_answered(server):
         json.dumps({**good, "custom_id": "huge", "body": {"image": "A" * 2_000_000}}),  # past the line cap
         json.dumps({**good, "custom_id": "engine-fails", "body": {"image": PNG, "task": "vqa",
                                                                   "question": "[[fake:fail]]"}}),
+        json.dumps({**good, "custom_id": "nul\u0000id"}),
+        '{"custom_id": "lone \\ud800", "method": "POST", "url": "/v1/ocr", "body": {}}',
+        '{"custom_id": "surrogate-body", "method": "POST", "url": "/v1/ocr", "body": {"task": "\\udfff"}}',
         "",
         "   ",
         json.dumps({**good, "custom_id": "last"}),
@@ -97,13 +100,15 @@ def test_bad_lines_are_error_lines_and_the_good_ones_are_answered(server):
     file_id = _upload(server.url, "\n".join(lines).encode()).json()["id"]
     batch = _ended(server.url, _create(server.url, file_id).json()["id"])
     assert batch["status"] == "completed", batch
-    assert batch["request_counts"] == {"total": 16, "completed": 2, "failed": 14}  # blank lines are no requests
+    assert batch["request_counts"] == {"total": 19, "completed": 2, "failed": 17}  # blank lines are no requests
     output, errors = _content(server.url, batch["output_file_id"]), _content(server.url, batch["error_file_id"])
     assert [line["custom_id"] for line in output] == ["good", "last"]
     by_id = {line["custom_id"]: line for line in errors}
-    assert len(errors) == 14 and sum(1 for line in errors if line["custom_id"] is None) == 3
+    assert len(errors) == 17 and sum(1 for line in errors if line["custom_id"] is None) == 5
     nameless = sorted(line["error"]["code"] for line in errors if line["custom_id"] is None)
-    assert nameless == ["invalid_json_line", "line_too_large", "missing_custom_id"]
+    assert nameless == ["invalid_json_line", "line_too_large", "missing_custom_id", "missing_custom_id",
+                        "missing_custom_id"]  # no custom_id, a NUL in one, a lone surrogate in one
+    assert by_id["surrogate-body"]["response"]["status_code"] == 400  # the route's own answer to that body
     for custom_id, code in (("get", "invalid_method"), ("embeddings", "invalid_url"), ("chat-url", "invalid_url"),
                             ("no-body", "invalid_body")):
         assert by_id[custom_id]["response"] is None and by_id[custom_id]["error"]["code"] == code, by_id[custom_id]
@@ -158,6 +163,10 @@ def test_another_callers_files_and_batches_are_not_found(server):
         _is_error(requests.request(method, f"{server.url}/v1/batches/{batch['id']}{path}", headers=BOB, timeout=10),
                   404, "batch_not_found")
     _is_error(_create(server.url, "file-does-not-exist"), 404, "file_not_found")
+    for odd in ("file-%00", "batch_%00", "..%2F..%2Fetc", "x" * 300):
+        _is_error(requests.get(f"{server.url}/v1/files/{odd}", headers=ALICE, timeout=10), 404)
+        _is_error(requests.get(f"{server.url}/v1/batches/{odd}", headers=ALICE, timeout=10), 404)
+    assert requests.get(f"{server.url}/v1/batches?after=batch_%00", headers=ALICE, timeout=10).json()["data"] == []
     assert _ended(server.url, batch["id"])["status"] == "completed"  # untouched by Bob
 
 

@@ -173,3 +173,34 @@ def test_a_batch_past_its_window_expires_with_its_unrun_lines_as_batch_expired(t
         assert [(json.loads(e)["custom_id"], json.loads(e)["error"]["code"]) for e in errors] == [
             ("c1", "batch_expired"), ("c2", "batch_expired")]
     _run(go, tmp_path)
+
+
+def test_a_database_from_before_batches_gets_their_tables_and_the_output_columns(tmp_path):
+    import sqlite3
+
+    from hyocr.types import MediaInput, OcrCall, Task
+
+    async def make():
+        await (await _stores(tmp_path))[0].engine.dispose()
+
+    asyncio.run(make())
+    with sqlite3.connect(tmp_path / "jobs.db") as db:  # as hyocr made it before issue 32
+        for column in ("output_uri", "output_state", "output_lease_until", "output_error"):
+            db.execute(f"ALTER TABLE hyocr_jobs DROP COLUMN {column}")
+        for table in ("hyocr_batch_chunks", "hyocr_batch_lines", "hyocr_batches", "hyocr_file_parts", "hyocr_files"):
+            db.execute(f"DROP TABLE {table}")
+
+    async def reopen():
+        jobs = JobStore(f"sqlite+aiosqlite:///{tmp_path / 'jobs.db'}")
+        await jobs.open()
+        try:
+            job, _ = await jobs.submit(
+                owner="a", idempotency_key=None, call=OcrCall(media=(MediaInput(b"x"),), task=Task.TEXT), pdf=False,
+                items=[0], range_pages=1, task="text", requested_task="text", model="m", engine="fake",
+                callback_url=None, callback_headers=None, output_uri="s3://results/a/")
+            assert (job.output_uri, job.output_state) == ("s3://results/a/", "pending")
+            assert await _batch(BatchStore(jobs.engine)) is not None
+        finally:
+            await jobs.close()
+
+    asyncio.run(reopen())

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +22,7 @@ from ..errors import HyocrError
 from ..pipeline.objects import ObjectStore, is_object_uri
 from .batch_store import BatchRecord, BatchStore, ChunkClaim, OpenLine
 from .batches import MAX_REPORTED, error_line, line_max_bytes, parse_line, split_lines
+from .codec import json_bytes
 from .exports import export_batch
 from .files import FileStore
 
@@ -156,6 +156,7 @@ class BatchRunner:
                     return
 
         holding = asyncio.create_task(hold())
+        later = 0.0  # seconds before another try may claim it (a failure's backoff)
         try:
             if batch.status == "validating":
                 await self._validate(batch)
@@ -170,11 +171,18 @@ class BatchRunner:
                                           "param": "input_file_id", "line": None}])
                 return
             log.warning("batch %s: %s; again later", batch.id, exc.message)
-            await asyncio.sleep(min(10.0, self.store.lease / 3))
+            later = 10.0
+        except Exception:  # a fault of ours: a validation fails the batch, saying so; other work is tried later
+            log.exception("batch %s: %s failed", batch.id, "validation" if batch.status == "validating" else "work")
+            if batch.status == "validating":
+                await self._fail(batch, [{"code": "validation_failed", "param": None, "line": None,
+                                          "message": f"the input file could not be read (batch {batch.id}: see "
+                                          "the server log)"}])
+            later = 30.0
         finally:
             holding.cancel()
             with contextlib.suppress(Exception):
-                await asyncio.shield(self.store.release_batch(batch.id, self.replica))
+                await asyncio.shield(self.store.release_batch(batch.id, self.replica, after=later))
 
     async def _validate(self, batch: BatchRecord) -> None:
         """The input file -> lines (requests to run, or error lines), or the batch failed with its errors."""
@@ -275,7 +283,7 @@ class BatchRunner:
         async def lines() -> AsyncIterator[bytes]:
             after = 0
             while found := await self.store.answers(batch.id, after=after, limit=PAGE):
-                yield b"".join(json.dumps(answer, ensure_ascii=False).encode() + b"\n"
+                yield b"".join(json_bytes(answer) + b"\n"
                                for _, _, status, answer in found if wanted(status))
                 after = found[-1][0]
 

@@ -9,6 +9,7 @@ dead replica's claim runs out.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass, fields
@@ -20,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .schema import batch_chunks, batch_lines, batches
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")  # anything else is no batch of ours (checked before the database)
 ENDED = ("failed", "completed", "expired", "cancelled")
 
 
@@ -94,6 +96,8 @@ class BatchStore:
         return await self.get(owner, batch_id)
 
     async def get(self, owner: str | None, batch_id: str) -> BatchRecord | None:
+        if not BATCH_ID.fullmatch(batch_id):
+            return None
         where = batches.c.id == batch_id if owner is None else and_(batches.c.id == batch_id,
                                                                      batches.c.owner == owner)
         found = await self._records(where, limit=1)
@@ -102,6 +106,8 @@ class BatchStore:
     async def list(self, owner: str, *, limit: int, after: str | None) -> tuple[list[BatchRecord], bool]:
         """The owner's batches, newest first, after the batch ``after`` (the previous page's last id)."""
         where = batches.c.owner == owner
+        if after is not None and not BATCH_ID.fullmatch(after):
+            return [], False
         if after is not None:
             async with self.engine.connect() as db:
                 row = (await db.execute(select(batches.c.created_at, batches.c.id).where(
@@ -193,10 +199,11 @@ class BatchStore:
                 .values(lease_until=time.time() + self.lease))
         return bool(held.rowcount)
 
-    async def release_batch(self, batch_id: str, replica: str) -> None:
+    async def release_batch(self, batch_id: str, replica: str, *, after: float = 0.0) -> None:
+        """Give the batch's claim back; free for another try only ``after`` seconds from now."""
         async with self.engine.begin() as db:
             await db.execute(update(batches).where(batches.c.id == batch_id, batches.c.claimed_by == replica)
-                             .values(lease_until=None, claimed_by=None))
+                             .values(lease_until=time.time() + after if after else None, claimed_by=None))
 
     async def reset_lines(self, batch_id: str) -> None:
         """Forget the lines a validation that died half-way stored (it starts again from the first)."""

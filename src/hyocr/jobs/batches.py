@@ -68,8 +68,8 @@ def parse_line(n: int, raw: bytes | None, endpoint: str, max_line_bytes: int = 0
     if not isinstance(item, dict):
         return Line(n, None, error=("invalid_json_line", f"line {n} is not a JSON object", None))
     custom_id = item.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID:
-        why = f"line {n}: custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters"
+    if not _is_custom_id(custom_id):
+        why = f"line {n}: custom_id must be a string of 1 to {MAX_CUSTOM_ID} printable characters"
         return Line(n, None, error=("missing_custom_id", why, "custom_id"))
     method, url, body = item.get("method"), item.get("url"), item.get("body")
     if method != "POST":
@@ -80,7 +80,20 @@ def parse_line(n: int, raw: bytes | None, endpoint: str, max_line_bytes: int = 0
         return Line(n, custom_id, error=("invalid_url", why, "url"))
     if not isinstance(body, dict):
         return Line(n, custom_id, error=("invalid_body", f"line {n}: body must be a JSON object", "body"))
-    return Line(n, custom_id, json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
+    # escaped to ASCII: any string JSON can carry (a lone surrogate too) is stored as the line gave it
+    return Line(n, custom_id, json.dumps(body, separators=(",", ":")).encode())
+
+
+def _is_custom_id(value: object) -> bool:
+    """A string of 1 to MAX_CUSTOM_ID printable characters that UTF-8 can hold: it names the line in the
+    output files, object keys and the database (PostgreSQL text holds no NUL)."""
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_CUSTOM_ID or not value.isprintable():
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def split_lines(parts: AsyncIterator[bytes], max_bytes: int) -> AsyncIterator[tuple[int, bytes | None]]:

@@ -91,6 +91,15 @@ def at_position(page: PageResult, position: int, pdf: bool) -> PageResult:
     return page if pdf else replace(page, index=position)
 
 
+def json_bytes(value: Any) -> bytes:
+    """``value`` as UTF-8 JSON; a string that UTF-8 cannot hold (a lone surrogate, which JSON's \\ud800
+    escapes can carry in) is written escaped instead of failing the whole file."""
+    try:
+        return json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value).encode()
+
+
 def _block_json(block: TextBlock) -> dict[str, Any]:
     return {"text": block.text, "box": list(block.box) if block.box else None, "score": block.score,
             "polygon": [list(p) for p in block.polygon] if block.polygon else None, "category": block.category}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..pipeline.objects import ObjectStore, ObjectUri, ObjectWriteError, parse_object_uri
+from .codec import json_bytes
 from .schema import jobs
 
 log = logging.getLogger("hyocr.jobs")
@@ -46,7 +46,7 @@ def object_name(custom_id: str) -> str:
 
 async def write(objects: ObjectStore, uri: ObjectUri, body: object) -> str | None:
     """Write ``body`` as JSON; None, or why the store refused it after ATTEMPTS tries."""
-    data = json.dumps(body, ensure_ascii=False).encode()
+    data = json_bytes(body)
     for attempt in range(ATTEMPTS):
         try:
             await objects.write(uri, data)

@@ -12,6 +12,7 @@ removes.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,6 +28,9 @@ from .schema import file_parts, files
 PART = 4 * 1024 * 1024
 PURPOSES = ("batch",)  # what a caller may upload; a batch's own files are "batch_output"
 ABANDONED = 3600.0  # seconds after which an upload that never completed is swept
+# What this server's file ids look like: anything else is no file of ours, answered before the database sees
+# it (a NUL in an id would be a PostgreSQL error, not a 404).
+FILE_ID = re.compile(r"file-[0-9a-f]{32}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +122,8 @@ class FileStore:
     # ------------------------------------------------------------------ reading
 
     async def get(self, owner: str | None, file_id: str) -> FileRecord | None:
+        if not FILE_ID.fullmatch(file_id):
+            return None
         where = and_(files.c.id == file_id, files.c.complete == 1)
         if owner is not None:
             where = and_(where, files.c.owner == owner)
@@ -143,6 +149,8 @@ class FileStore:
         if purpose is not None:
             where = and_(where, files.c.purpose == purpose)
         newest_first = order == "desc"
+        if after is not None and not FILE_ID.fullmatch(after):
+            return [], False
         if after is not None:
             async with self.engine.connect() as db:
                 row = (await db.execute(select(files.c.created_at, files.c.id).where(
@@ -170,6 +178,8 @@ class FileStore:
     # ------------------------------------------------------------------ deleting
 
     async def delete(self, owner: str, file_id: str) -> bool:
+        if not FILE_ID.fullmatch(file_id):
+            return False
         async with self.engine.connect() as db:
             found = await db.scalar(select(files.c.id).where(files.c.id == file_id, files.c.owner == owner,
                                                              files.c.complete == 1))
@@ -211,7 +221,8 @@ class Files:
                               code="too_many_file_bytes", headers={"Retry-After": "60"})
         now = time.time()
         keep = expires_after if expires_after is not None else self.settings.job_retention
-        return await self.store.write(owner=owner, filename=filename[:512] or "upload.jsonl", purpose=purpose,
+        filename = "".join(c for c in filename if c.isprintable())[:512]  # no NUL or line breaks to store
+        return await self.store.write(owner=owner, filename=filename or "upload.jsonl", purpose=purpose,
                                       parts=parts, expires_at=now + keep, count_lines=True, max_bytes=cap)
 
     async def get(self, owner: str, file_id: str) -> FileRecord:

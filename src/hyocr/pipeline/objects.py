@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import os
 import re
 import threading
 from dataclasses import dataclass, field, replace
@@ -192,6 +193,7 @@ class ObjectStore:
 
     policy: ObjectPolicy
     _filesystems: dict[str, Any] = field(default_factory=dict, repr=False)
+    _regions: dict[str, str] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -212,7 +214,7 @@ class ObjectStore:
         """The object's bytes: 400 when it is missing, 413 past ``max_bytes`` (from its listed size, before
         reading), 503 when the store cannot be reached or refuses (a retry may succeed)."""
         pafs = _pafs()
-        fs = self._filesystem(uri.scheme)
+        fs = self._filesystem(uri)
         try:
             info = fs.get_file_info(uri.path)
             if info.type != pafs.FileType.File:
@@ -232,7 +234,7 @@ class ObjectStore:
 
     def write_sync(self, uri: ObjectUri, data: bytes, content_type: str = "application/json") -> None:
         try:
-            fs = self._filesystem(uri.scheme)
+            fs = self._filesystem(uri)
             with fs.open_output_stream(uri.path, metadata={"Content-Type": content_type}) as stream:
                 stream.write(data)
         except (OSError, ValueError, ServiceUnavailable) as exc:
@@ -241,7 +243,7 @@ class ObjectStore:
     def list_sync(self, prefix: ObjectUri) -> list[tuple[ObjectUri, int]]:
         """The objects below ``prefix`` (or the one it names), sorted by key, with their sizes."""
         pafs = _pafs()
-        fs = self._filesystem(prefix.scheme)
+        fs = self._filesystem(prefix)
         root = prefix.path.rstrip("/")
         try:
             info = fs.get_file_info(root)
@@ -255,11 +257,19 @@ class ObjectStore:
                  for e in entries if e.type == pafs.FileType.File]
         return sorted(found, key=lambda pair: pair[0].key)
 
-    def _filesystem(self, scheme: str) -> Any:
+    def _filesystem(self, uri: ObjectUri) -> Any:
+        """The filesystem for ``uri``'s store: one for GCS, one per region for S3 (a bucket's region asked of
+        AWS once, unless an endpoint or AWS_REGION / AWS_DEFAULT_REGION says it)."""
+        region = None
+        if uri.scheme == "s3" and not self.policy.endpoint and not _env_region():
+            region = self._regions.get(uri.bucket)
+            if region is None:
+                region = self._regions[uri.bucket] = _bucket_region(uri.bucket)
+        key = f"{uri.scheme}:{region or ''}"
         with self._lock:
-            if scheme not in self._filesystems:
-                self._filesystems[scheme] = _make_filesystem(scheme, self.policy)
-            return self._filesystems[scheme]
+            if key not in self._filesystems:
+                self._filesystems[key] = _make_filesystem(uri.scheme, self.policy, region)
+            return self._filesystems[key]
 
     # ------------------------------------------------------------------ async, for the server
 
@@ -303,13 +313,28 @@ def _pafs() -> Any:
     return pafs
 
 
-def _make_filesystem(scheme: str, policy: ObjectPolicy) -> Any:
+def _env_region() -> str | None:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+
+
+def _bucket_region(bucket: str) -> str:
+    try:
+        return _pafs().resolve_s3_region(bucket)
+    except (OSError, ValueError) as exc:  # no such bucket, no network: the read or write says so next
+        raise ServiceUnavailable(f"s3://{bucket}: its region could not be found: {store_message(exc)}",
+                                 code="object_store_unavailable") from None
+
+
+def _make_filesystem(scheme: str, policy: ObjectPolicy, region: str | None = None) -> Any:
     pafs = _pafs()
     try:
         if scheme == "gs":
             return pafs.GcsFileSystem()
-        # the region, like the credentials, from the environment (AWS_REGION, AWS_DEFAULT_REGION, ~/.aws)
+        # the region, like the credentials, from the environment (AWS_REGION, AWS_DEFAULT_REGION, ~/.aws), or
+        # the bucket's own as AWS answers it
         options: dict[str, Any] = {"allow_bucket_creation": False, "allow_bucket_deletion": False}
+        if region:
+            options["region"] = region
         if policy.endpoint:
             how, _, where = policy.endpoint.rstrip("/").partition("://")
             options.update(endpoint_override=where, scheme=how)
