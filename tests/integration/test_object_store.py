@@ -99,6 +99,7 @@ def test_an_s3_to_s3_batch_through_the_sdk(rapid, s3):
     assert (done.request_counts.completed, done.request_counts.failed) == (3, 1)
     export = done.model_extra["output_export"]
     assert export["status"] == "written" and export["written"] == 4 and export["failed"] == 0
+    assert export["refused"] == [] and export["manifest"] == "s3://results/run-1/manifest.json"
     assert s3.keys("results", "run-1/") == ["run-1/manifest.json", "run-1/missing.json", "run-1/scan%2F3.json",
                                             "run-1/scan-1.json", "run-1/scan-2.json"]
     for name, text in WORDS.items():
@@ -145,6 +146,8 @@ def test_a_bucket_that_refuses_writes_fails_each_document_clearly_and_loses_noth
     export = done.model_extra["output_export"]
     assert export["status"] == "failed" and export["written"] == 0 and export["failed"] == 2
     assert export["manifest"] is None and "ACCESS_DENIED" in export["error"]
+    assert [(r["custom_id"], "s3://locked/run/" in r["error"]) for r in export["refused"]] == [
+        ("scan-1", True), ("scan-2", True)]  # each document's own error
     output = client.files.content(done.output_file_id).text.splitlines()
     assert [json.loads(line)["custom_id"] for line in output] == ["scan-1", "scan-2"]  # nothing lost
 

@@ -32,6 +32,7 @@ log = logging.getLogger("hyocr.jobs")
 ATTEMPTS = 3
 CONCURRENCY = 8  # objects written at once for a batch
 MANIFEST = "manifest.json"
+MAX_REPORTED = 100
 _FINISHED = ("succeeded", "failed", "cancelled")
 
 
@@ -90,7 +91,10 @@ async def export_batch(batch, store, objects: ObjectStore, *, page: int = 500) -
     failed = await write(objects, prefix.child(MANIFEST), manifest)
     outcome = {"status": "written" if not failed and not refused else "failed",
                "manifest": None if failed else str(prefix.child(MANIFEST)), "written": written,
-               "failed": len(refused), "error": failed or (refused[0]["error"] if refused else None)}
+               "failed": len(refused), "error": failed or (refused[0]["error"] if refused else None),
+               # each object refused, by line (the first MAX_REPORTED; the manifest, if written, has all)
+               "refused": [{"line": e["line"], "custom_id": e["custom_id"], "error": e["error"]}
+                           for e in refused[:MAX_REPORTED]]}
     log.info("batch %s output %s: %d objects written, %d refused", batch.id, outcome["status"], written,
              len(refused))
     return outcome
