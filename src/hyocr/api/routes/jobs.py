@@ -7,6 +7,7 @@ POST takes what /v1/ocr takes; the job belongs to the caller (API key or JWT sub
 
 from __future__ import annotations
 
+import copy
 import json
 
 from fastapi import APIRouter, Query, Request
@@ -25,6 +26,15 @@ router = APIRouter(tags=["jobs"])
 _ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}}
 _JOB_FORM_FIELDS = (_FORM_FIELDS - {"stream"}) | {"callback_url", "output_uri"}
 _JSON_LINES = "application/x-ndjson"
+# OpenAPI: what /v1/ocr takes, and the job's own fields (a webhook, an output URI); no stream
+_JOB_DOC = copy.deepcopy(_DOC)
+_JOB_DOC["requestBody"]["content"]["application/json"]["schema"] = JobJsonRequest.model_json_schema(
+    ref_template="#/components/schemas/{model}")
+_JOB_FORM = _JOB_DOC["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]
+_JOB_FORM.pop("stream", None)
+_JOB_FORM.update(callback_url={"type": "string", "description": "POSTed (signed) when the job ends"},
+                 callback_headers={"type": "string", "description": "JSON object: headers sent with the webhook"},
+                 output_uri={"type": "string", "description": "s3:// or gs:// prefix the result is written to"})
 # Integer query parameters are bounded here, before the database sees them (SQLite's integers are 64-bit:
 # 2**63 would be an OverflowError). 2**53 - 1: the largest integer a JavaScript client holds exactly.
 MAX_SEQ = 2**53 - 1
@@ -42,7 +52,7 @@ def owner_of(request: Request) -> str:
     return request.scope.get("state", {}).get("principal") or "anonymous"
 
 
-@router.post("/v1/jobs", status_code=202, responses=_ERRORS, openapi_extra=_DOC,
+@router.post("/v1/jobs", status_code=202, responses=_ERRORS, openapi_extra=_JOB_DOC,
              summary="Submit images or a PDF to read in the background; poll the job or get a webhook")
 async def submit(request: Request):
     body, uploads = await read_body(request, JobJsonRequest, _JOB_FORM_FIELDS)
