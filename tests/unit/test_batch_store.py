@@ -204,3 +204,54 @@ def test_a_database_from_before_batches_gets_their_tables_and_the_output_columns
             await jobs.close()
 
     asyncio.run(reopen())
+
+
+def test_a_lost_claim_stops_that_batchs_work_and_not_the_loop(tmp_path):
+    import json
+
+    from hyocr.config import load_settings
+    from hyocr.jobs.batch_runner import BatchRunner
+    from hyocr.pipeline.objects import ObjectStore
+
+    async def go(store, files):
+        settings = load_settings(engine="fake")
+        runner = BatchRunner(store, files, ObjectStore.from_settings(settings), settings, replica="r",
+                             answer=None)
+        line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/ocr", "body": {}}).encode()
+
+        async def one_line():
+            yield line
+
+        slow, quick = [await files.write(owner="alice", filename="x", purpose="batch", parts=one_line(),
+                                         expires_at=None, count_lines=True) for _ in range(2)]
+        reading = files.parts
+
+        async def parts(file_id):  # fault injection: the first file reads slowly, and its claim is lost
+            if file_id == slow.id:
+                await asyncio.sleep(2)
+            async for part in reading(file_id):
+                yield part
+
+        async def renew(batch_id, replica):  # another replica took the batch over (its lease had lapsed)
+            from sqlalchemy import update
+
+            from hyocr.jobs.schema import batches
+            async with store.engine.begin() as db:
+                await db.execute(update(batches).where(batches.c.id == batch_id)
+                                 .values(claimed_by="other", lease_until=time.time() + 60))
+            return False
+
+        files.parts, store.renew_batch = parts, renew
+        made = [await store.create(owner="alice", endpoint="/v1/ocr", input_file_id=f.id, completion_window="24h",
+                                   metadata=None, output_uri=None, output_expires_after=None, window=86400)
+                for f in (slow, quick)]
+        loop = asyncio.create_task(runner.run(0.05, asyncio.Event(), asyncio.Event()))
+        try:
+            deadline = time.monotonic() + 10
+            while (await store.get("alice", made[1].id)).status == "validating":
+                assert not loop.done() and time.monotonic() < deadline, "the loop died with the lost claim"
+                await asyncio.sleep(0.05)
+            assert (await store.get("alice", made[1].id)).status == "in_progress"
+        finally:
+            loop.cancel()
+    _run(go, tmp_path, lease=0.3)

@@ -136,7 +136,7 @@ class BatchRunner:
         while True:
             try:
                 while (batch := await self.store.claim_batch(self.replica)) is not None:
-                    await self._whole(batch)
+                    await self._held(batch)
                     dispatch.set()
             except Exception:
                 log.exception("batch work failed")
@@ -144,6 +144,16 @@ class BatchRunner:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(poll):
                     await wake.wait()
+
+    async def _held(self, batch: BatchRecord) -> None:
+        """``_whole`` in a task of its own, which a lost claim cancels (never this loop)."""
+        work = asyncio.create_task(self._whole(batch))
+        try:
+            await work
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # this loop is stopping, not just the work
+                raise
+            log.info("batch %s: its claim was lost; another replica goes on", batch.id)
 
     async def _whole(self, batch: BatchRecord) -> None:
         task = asyncio.current_task()
