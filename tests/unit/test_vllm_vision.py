@@ -164,3 +164,15 @@ def test_install_without_vllms_native_encoder_leaves_it_alone():
     else:
         assert status == "batched encoder installed"
         vllm_vision.install("vllm")
+
+
+def test_the_api_process_never_imports_the_engine_process_extension():
+    """vision.py installs the encoder (and its byte normaliser) in the process that imports it, from the
+    environment of that moment: imported in the API process before the environment is set, a forked engine
+    core inherits vLLM's own encoder (seen on the H200, 2026-12-04: 'vllm encoder installed' with one core)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hyocr.engines.vllm.engine, hyocr.engines.vllm.cores, hyocr.engines.vllm.startup; "
+            "sys.exit('hyocr.engines.vllm.vision' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -17,7 +17,7 @@ from typing import Any
 
 from ...types import EngineRequest, PageImage, SamplingParams, Task
 from ..capabilities import check_structured
-from .vision import ENV_PIXELS
+from .tuning import PIXEL_CONFIG_ENV as ENV_PIXELS
 
 log = logging.getLogger("hyocr.engines.vllm.engine")
 VISION_EXTENSION = "hyocr.engines.vllm.vision.VisionWorkerExtension"

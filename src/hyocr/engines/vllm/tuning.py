@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 # The vision encoder hyocr installs in vLLM's engine process (vision.py), read there.
 VISION_ENCODER_ENV = "HYOCR_VISION_ENCODER"
+# The checkpoint's preprocessor_config.json, where patches travel as bytes (vision.py normalises them).
+# Here, not in vision.py: the API process must not import vision.py, whose import installs the encoder for
+# the process it runs in; a forked engine core would inherit that installation (made before this process
+# set the environment) instead of making its own.
+PIXEL_CONFIG_ENV = "HYOCR_PIXEL_CONFIG"
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
 
 

@@ -41,10 +41,10 @@ from typing import Any
 
 from . import compat, hf_compat
 from . import cpu as vllm_cpu
+from .tuning import PIXEL_CONFIG_ENV as ENV_PIXELS
 from .tuning import VISION_ENCODER_ENV as ENV_MODE
 
 ENV_TIMING = "HYOCR_ENCODER_TIMING_FILE"
-ENV_PIXELS = "HYOCR_PIXEL_CONFIG"
 MODES = ("batched", "vllm")
 # bf16 activations through 27 layers: matrix products over more rows may round differently.
 SELF_TEST_TOLERANCE = 2e-2
