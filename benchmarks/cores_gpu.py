@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import engines_gpu  # noqa: E402
 from request_time_breakdown import children, cpu_seconds, histogram_means, histogram_totals  # noqa: E402
 
@@ -144,8 +145,8 @@ def bench(url: str, target: str, workload: str, concurrency: int, out: Path, ser
     hyocr = target.startswith("hyocr")
     before = histogram_totals(url) if hyocr and concurrency == 1 else None
     with Sampler(server) as sampler:
-        done = subprocess.run(cmd, check=False, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "PYTHONPATH": f"{engines_gpu.ROOT / 'src'}"})
+        done = subprocess.run(cmd, check=False, stderr=subprocess.DEVNULL, env={
+            **os.environ, "PYTHONPATH": f"{engines_gpu.ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"})
     level = json.loads(path.read_text())["levels"][0] if path.exists() else {"error": f"bench exit {done.returncode}"}
     level.update(sampler.figures(level.get("requests", 0) - level.get("errors", 0)))
     if before is not None:
