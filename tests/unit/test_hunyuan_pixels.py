@@ -81,11 +81,16 @@ def test_bytes_normalised_in_the_engine_process_are_exactly_the_float_values(pro
     hunyuan_pixels.install()
     floats = processor(images=images, return_tensors="np")["pixel_values"]
     hunyuan_pixels.install(uint8=True)
-    got = processor(images=images, return_tensors="pt")
+    # only vLLM's own processor calls get bytes: another user of the class (the transformers engine) floats
+    assert processor(images=images, return_tensors="np")["pixel_values"].dtype == np.float32
+    with hunyuan_pixels.for_vllm():
+        got = processor(images=images, return_tensors="pt")
     assert got["pixel_values"].dtype == torch.uint8 and got["pixel_values"].shape == floats.shape
     config = tmp_path / "preprocessor_config.json"
-    config.write_text(json.dumps({"image_mean": processor.image_mean, "image_std": processor.image_std,
-                                  "rescale_factor": processor.rescale_factor}))
+    # 1.5's layout: the settings under processor_config.json's image_processor
+    config.write_text(json.dumps({"image_processor": {"image_mean": processor.image_mean,
+                                                      "image_std": processor.image_std,
+                                                      "rescale_factor": processor.rescale_factor}}))
     monkeypatch.setenv(vision.ENV_PIXELS, str(config))
     monkeypatch.setattr(vision, "_tables", {})
     values = vision.normalised(got["pixel_values"])

@@ -220,6 +220,17 @@ def _client_state(engine: Any) -> dict[str, Any]:
     return state
 
 
+def hf_processor_call_class() -> Any:
+    """vLLM's ``InputProcessingContext``, whose ``call_hf_processor`` is how vLLM's renderer runs HunyuanOCR's
+    processor (vllm/multimodal/processing/context.py, 0.26 and 0.32): pixels.py marks those calls, so only
+    vLLM's own processing sends patches as bytes. None where it moved (then no call is marked: floats)."""
+    try:
+        from vllm.multimodal.processing.context import InputProcessingContext
+    except ImportError:
+        return None
+    return InputProcessingContext if hasattr(InputProcessingContext, "call_hf_processor") else None
+
+
 def core_stat_loggers(indexes: list[int]) -> dict[int, Any]:
     """vLLM stat-logger classes for the engine cores ``indexes`` of one process (engines/vllm/cores.py), one
     per core, for ``AsyncLLM(stat_loggers=[...])``. vLLM's PrometheusStatLogger unregisters every ``vllm:*``

@@ -14,7 +14,9 @@ path does not cover (input that is not 8-bit, video frames) goes to the original
 
 ``install(uint8=True)`` goes one step further for the vLLM engine: the patches leave as their bytes, a
 quarter of the float32 and half of the bf16 vLLM would carry, and vLLM's engine process looks them up in
-the same table on the GPU (vision.py ``normalised``) before the encoder. vLLM only casts floating tensors,
+the same table on the GPU (vision.py ``normalised``) before the encoder. Only vLLM's own calls of the processor
+(``InputProcessingContext.call_hf_processor``, marked by a context variable) get bytes: another user of the
+class in the process (the transformers engine, a test) still gets floats. vLLM only casts floating tensors,
 so the bytes cross to the engine core, its batch and its pinned-memory copy as they are; the engine core's
 thread copies 1.9 MiB a card instead of 3.75 (benchmarks/NOTES.md, 13). The values the encoder sees are
 the same float32 ones, cast to the model's dtype as before.
@@ -22,7 +24,10 @@ the same float32 ones, cast to the model's dtype as before.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -33,6 +38,7 @@ _lock = threading.Lock()
 _original: dict[str, Any] = {}
 _tables: dict[tuple, np.ndarray] = {}
 _bytes = {"on": False}  # install(uint8=True): the patches leave as bytes, normalised in the engine process
+_in_vllm = contextvars.ContextVar("hyocr_vllm_processor_call", default=False)  # inside vLLM's processor call
 
 
 def _processor_class() -> Any:
@@ -52,11 +58,34 @@ def install(*, uint8: bool | None = None) -> bool:
         if "preprocess" not in _original:
             _original["preprocess"] = hf_compat.preprocess_method(cls)
             hf_compat.set_preprocess_method(cls, fast_preprocess)
+        if uint8 and "vllm_call" not in _original:
+            _mark_vllm_calls()
     return True
+
+
+def _mark_vllm_calls() -> None:
+    """vLLM's processor calls run with ``_in_vllm`` set: the only calls that may send bytes."""
+    from . import compat
+
+    owner = compat.hf_processor_call_class()
+    if owner is None:
+        return
+    original = _original["vllm_call"] = owner.call_hf_processor
+
+    def call_hf_processor(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with for_vllm():
+            return original(self, *args, **kwargs)
+
+    owner.call_hf_processor = call_hf_processor
 
 
 def sends_bytes() -> bool:
     return _bytes["on"]
+
+
+def _bytes_now() -> bool:
+    """Bytes for this call: on, and called by vLLM's renderer (or inside ``for_vllm``)."""
+    return _bytes["on"] and _in_vllm.get()
 
 
 def uninstall() -> None:
@@ -82,6 +111,23 @@ def value_table(processor: Any, channels: int, do_rescale: bool, rescale_factor:
         table = np.ascontiguousarray(np.asarray(out, dtype=np.float32).reshape(channels, 256))
         _tables[key] = table
     return table
+
+
+def image_processor_config(config: dict) -> dict:
+    """The image processor's settings in a checkpoint's config file: preprocessor_config.json is them (1.0),
+    processor_config.json holds them under ``image_processor`` (1.5, newer transformers)."""
+    section = config.get("image_processor")
+    return section if isinstance(section, dict) else config
+
+
+@contextlib.contextmanager
+def for_vllm() -> Iterator[None]:
+    """Calls in this block count as vLLM's own (tests; vLLM's are marked by ``_mark_vllm_calls``)."""
+    token = _in_vllm.set(True)
+    try:
+        yield
+    finally:
+        _in_vllm.reset(token)
 
 
 def checkpoint_table(config: dict) -> np.ndarray:
@@ -116,7 +162,7 @@ def fast_preprocess(self: Any, images: list, do_resize: bool, size: Any, resampl
                     temporal_patch_size: int, merge_size: int, return_tensors: Any, **kwargs: Any) -> Any:
     original = _original["preprocess"]
     if temporal_patch_size != 1 or any(getattr(im, "dtype", None) != np.uint8 or im.ndim != 3
-                                       or (_bytes["on"] and im.shape[0] != 3) for im in images):
+                                       or (_bytes_now() and im.shape[0] != 3) for im in images):
         return original(self, images, do_resize, size, resample, do_rescale, rescale_factor, do_normalize,
                         image_mean, image_std, patch_size, temporal_patch_size, merge_size, return_tensors, **kwargs)
     from transformers.image_processing_utils import BatchFeature
@@ -132,7 +178,7 @@ def fast_preprocess(self: Any, images: list, do_resize: bool, size: Any, resampl
             if target != tuple(image.shape[1:]):  # hyocr's engines hand over images already this size
                 image = self.resize(image, size=size, resample=resample, factor=factor)
         flat = patch_bytes(np.asarray(image), patch_size, merge_size)
-        if _bytes["on"]:  # RGB bytes: the engine process looks them up (vision.py)
+        if _bytes_now():  # RGB bytes, for vLLM: its engine process looks them up (vision.py)
             all_patches.append(np.ascontiguousarray(flat))
         else:
             table = value_table(self, image.shape[0], do_rescale, rescale_factor, do_normalize, image_mean,

@@ -51,8 +51,12 @@ class StartupCalls:
     def pixel_environment(self) -> None:
         """What the engine process must find in its environment (it inherits this process's when vLLM
         starts it): the checkpoint's processor config, where patches are to travel as bytes."""
-        config = Path(self.engine_args["model"]) / "preprocessor_config.json"
-        if self.bytes_wanted() and config.is_file():
+        folder = Path(self.engine_args["model"])
+        # 1.0 keeps the image processor's settings in preprocessor_config.json, 1.5 in processor_config.json's
+        # image_processor section (hunyuan/versions.py reads both); vision.pixel_table reads either.
+        config = next((f for f in (folder / "preprocessor_config.json", folder / "processor_config.json")
+                       if f.is_file()), None)
+        if self.bytes_wanted() and config is not None:
             os.environ[ENV_PIXELS] = str(config)
         else:
             os.environ.pop(ENV_PIXELS, None)
@@ -78,12 +82,15 @@ class StartupCalls:
         from . import pixels
 
         if not self.bytes_wanted() or self.info.details.get("pixels") == "transformers":
+            if self.fast_pixels:  # an engine started before it in this process may have set bytes
+                pixels.install(uint8=False)
             return
+        pixels.install(uint8=False)  # floats until this engine process has shown it normalises bytes
         config = os.environ.get(ENV_PIXELS)
         try:
             theirs = await self.engine.collective_rpc("hyocr_pixel_table")  # one per worker (tensor parallel)
-            ours = pixels.checkpoint_table(json.loads(Path(config).read_text())).reshape(-1).tolist() \
-                if config else None
+            ours = pixels.checkpoint_table(pixels.image_processor_config(json.loads(Path(config).read_text()))) \
+                .reshape(-1).tolist() if config else None
         except Exception as exc:  # an engine process without hyocr's extension, an unreadable config
             log.warning("pixels: the engine process cannot normalise bytes (%s: %s); floats are sent",
                         type(exc).__name__, exc)

@@ -115,7 +115,7 @@ def pixel_table() -> Any:
     from . import pixels
 
     with open(path) as f:
-        return pixels.checkpoint_table(json.load(f))
+        return pixels.checkpoint_table(pixels.image_processor_config(json.load(f)))
 
 
 def normalised(x: Any) -> Any:
