@@ -216,3 +216,16 @@ def test_a_file_past_the_byte_cap_is_refused(fake_server_factory):
     server = fake_server_factory(ui=False, file_max_bytes=4096)
     _is_error(_upload(server.url, b"x" * 5000, headers={}), 413, "payload_too_large", "file")
     assert requests.get(f"{server.url}/v1/files", timeout=10).json()["data"] == []  # nothing kept
+
+
+def test_a_batch_file_may_be_larger_than_a_request_body_but_not_than_its_own_cap(fake_server_factory):
+    """FILE_MAX_BYTES is /v1/files' cap, not MAX_BODY_BYTES (which every other route keeps)."""
+    server = fake_server_factory(ui=False, max_body_bytes=64 * 1024, file_max_bytes=256 * 1024)
+    line = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/ocr", "body": {"image": "x" * 900}})
+    big = "\n".join(line.replace('"c"', f'"c{n}"') for n in range(110)).encode()  # ~100 KiB
+    assert 64 * 1024 < len(big) < 256 * 1024
+    r = _upload(server.url, big, headers={})
+    assert r.status_code == 200 and r.json()["bytes"] == len(big), r.text
+    _is_error(_upload(server.url, b"x" * (300 * 1024), headers={}), 413)
+    # the other routes keep MAX_BODY_BYTES
+    _is_error(requests.post(f"{server.url}/v1/ocr", json={"image": "A" * (100 * 1024)}, timeout=10), 413)

@@ -125,3 +125,23 @@ def test_jobs_are_counted_by_status_pages_and_webhooks(fake_server_factory):
     assert "hyocr_job_pages_total 2.0" in text
     assert 'hyocr_jobs{status="queued"} 0.0' in text
     assert "hyocr_webhook_deliveries" in text
+
+
+def test_batches_are_counted_by_status_and_their_routes_by_name(fake_server_factory):
+    server = fake_server_factory()
+    line = json.dumps({"custom_id": "one", "method": "POST", "url": "/v1/ocr", "body": {"image": IMAGE, "task": "text"}})
+    file_id = requests.post(f"{server.url}/v1/files", files={"file": ("in.jsonl", line.encode())},
+                            data={"purpose": "batch"}, timeout=30).json()["id"]
+    batch = requests.post(f"{server.url}/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/ocr",
+                                                             "completion_window": "24h"}, timeout=30).json()
+    deadline = time.monotonic() + 60
+    while True:  # the status gauge is refreshed by the runner's dispatch loop
+        status = requests.get(f"{server.url}/v1/batches/{batch['id']}", timeout=10).json()["status"]
+        text = requests.get(f"{server.url}/metrics", timeout=10).text
+        if status == "completed" and 'hyocr_batches{status="completed"} 1.0' in text:
+            break
+        assert time.monotonic() < deadline, (status, [x for x in text.splitlines() if "batches" in x])
+        time.sleep(0.2)
+    assert 'hyocr_batches{status="in_progress"} 0.0' in text
+    assert 'hyocr_requests_total{route="/v1/files",status="200"} 1.0' in text
+    assert 'route="/v1/batches/{batch_id}"' in text and 'route="other"' not in text

@@ -104,8 +104,10 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         exempt = policy.public_paths | {"/health", "/ready", "/metrics"}
         middleware.append(Middleware(RateLimitMiddleware, limiter=limiter, public_paths=exempt,
                                      free_get_prefixes=("/ui",) if settings.ui else ()))  # ui.app.PATH
+    # A batch input file may be larger than any request: its own cap (with room for the multipart framing).
+    files_cap = {"/v1/files": max(settings.max_body_bytes, settings.file_max_bytes + 2**20)}
     middleware.append(Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
-                                 timeout=settings.body_timeout))
+                                 timeout=settings.body_timeout, path_caps=files_cap))
     middleware.append(Middleware(UnexpectedErrorMiddleware))  # innermost: see api/errors.py
     app = FastAPI(
         title="hyocr",

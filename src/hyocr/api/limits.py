@@ -55,12 +55,15 @@ class RequestIdMiddleware:
 class BodyLimitMiddleware:
     """413 from Content-Length before reading; mid-stream for chunked bodies that grow past the cap.
     408 for a body that has not arrived ``timeout`` seconds after its headers: without it a client that
-    declares a body and never sends it holds its request (and a connection) forever."""
+    declares a body and never sends it holds its request (and a connection) forever. ``path_caps`` gives a
+    route its own cap (a batch file upload is bigger than any one request)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float = 60.0) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float = 60.0,
+                 path_caps: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout = timeout
+        self.path_caps = path_caps or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,12 +71,13 @@ class BodyLimitMiddleware:
             return
         headers = dict(scope["headers"])
         declared = headers.get(b"content-length")
-        message = f"request body is larger than the {self.max_bytes} byte limit"
+        cap = self.path_caps.get(scope.get("path", ""), self.max_bytes)
+        message = f"request body is larger than the {cap} byte limit"
         if declared is not None:
             if not declared.isdigit():
                 await send_json_error(send, 400, "invalid Content-Length header", "bad_request")
                 return
-            if int(declared) > self.max_bytes:
+            if int(declared) > cap:
                 await send_json_error(send, 413, message, "payload_too_large", headers=[(b"connection", b"close")])
                 return
         seen = 0
@@ -92,7 +96,7 @@ class BodyLimitMiddleware:
                                   headers={"Connection": "close"}) from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > cap:
                     raise PayloadTooLarge(message)
                 complete = not msg.get("more_body", False)
             return msg

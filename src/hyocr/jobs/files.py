@@ -210,7 +210,7 @@ class Files:
         if purpose not in PURPOSES:
             raise InvalidRequest(f"purpose {purpose[:64]!r} is not supported: this server takes files for "
                                  f"{', '.join(PURPOSES)}", param="purpose", code="invalid_purpose")
-        cap = min(self.settings.file_max_bytes, self.settings.max_body_bytes)
+        cap = self.settings.file_max_bytes  # the body cap of /v1/files is its own (api/app.py: FILE_MAX_BYTES)
         if size > cap:
             raise PayloadTooLarge(f"the file ({size} bytes) is larger than the {cap} byte limit",
                                   param="file")

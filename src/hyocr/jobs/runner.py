@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 from ..errors import HyocrError
 from ..pipeline.service import OcrService
 from ..types import FinishReason, PageRead, PageResult
+from .batch_store import ACTIVE as BATCH_ACTIVE
+from .batch_store import ENDED as BATCH_ENDED
 from .codec import at_position
 from .outbox import Outbox
 from .store import Claim, JobRecord, JobStore
@@ -267,6 +269,10 @@ class JobRunner:
         counts = await self.store.counts()
         for status in ("queued", "running", "succeeded", "failed", "cancelled"):
             self.metrics.jobs.labels(status).set(counts.get(status, 0))
+        if self.batches is not None:
+            counts = await self.batches.store.counts()
+            for status in (*BATCH_ACTIVE, *BATCH_ENDED):
+                self.metrics.batches.labels(status).set(counts.get(status, 0))
 
 
 def _page_error(exc: HyocrError) -> str:

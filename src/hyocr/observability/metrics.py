@@ -30,7 +30,8 @@ _ERROR_TYPES = {400: "invalid_request", 401: "authentication", 403: "permission"
                 503: "unavailable", 504: "timeout"}
 _ROUTES = frozenset({"/v1/ocr", "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready",
                      "/metrics", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/result",
-                     "/v1/jobs/{job_id}/pages"})
+                     "/v1/jobs/{job_id}/pages", "/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content",
+                     "/v1/batches", "/v1/batches/{batch_id}", "/v1/batches/{batch_id}/cancel"})
 # Probes and scrapes: counted in hyocr_requests_total (a /ready answering 503 is worth seeing), kept out of
 # the latency histogram, where a scrape every few seconds would drown the requests it is about.
 _UNTIMED = frozenset({"/health", "/ready", "/metrics"})
@@ -67,6 +68,8 @@ class Metrics:
                               multiprocess_mode="max")
         # Jobs: counted from the jobs database (every process reads the same one: max, not a sum).
         self.jobs = Gauge("hyocr_jobs", "Jobs by status", ["status"], registry=r, multiprocess_mode="max")
+        self.batches = Gauge("hyocr_batches", "OpenAI batches by status", ["status"], registry=r,
+                             multiprocess_mode="max")
         self.job_pages = Counter("hyocr_job_pages", "Pages read and stored by jobs", registry=r)
         self.webhooks = Counter("hyocr_webhook_deliveries", "Webhook delivery attempts by result "
                                 "(delivered, retried, failed)", ["result"], registry=r)
