@@ -216,7 +216,7 @@ class Settings(BaseSettings):
     job_retention: float = Field(86_400.0, gt=0, le=365 * 86_400, description="seconds a finished job's result "
                                  "is kept (then deleted)")
     job_workers: int = Field(2, ge=1, le=1024, description="page ranges a server reads for jobs at once")
-    job_range_pages: int = Field(8, ge=1, le=1000, description="pages of a job read in one range (one request)")
+    job_range_pages: int = Field(8, ge=1, le=1000, description="pages of a job (or hyocr batch's PDF) per request")
     job_max_pages: int = Field(10_000, ge=1, le=1_000_000, description="pages per job (a PDF's selection)")
     job_max_running: int = Field(2, ge=1, le=10_000, description="jobs of one caller running at once")
     job_max_active: int = Field(1000, ge=1, le=10_000_000, description="jobs one caller may have queued or "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 import resource
+import signal
 import unicodedata
 from multiprocessing.connection import Connection
 
@@ -117,6 +118,9 @@ def clean_text_layer(text: str) -> str:
 
 def main(fd: int, memory_mb: int) -> None:
     """Serve documents on the socket ``fd`` (from the parent) until it closes."""
+    # A terminal's Ctrl-C reaches the whole process group: the parent decides what stops (hyocr batch writes
+    # its summary), and a worker caught mid-render must not print a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if memory_mb:
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

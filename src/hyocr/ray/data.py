@@ -281,6 +281,8 @@ def _arrived(batch: Batch, state: StateFile, row: dict[str, Any], pending: dict[
         stats = workers.setdefault(row["worker"], WorkerStats(row["worker"], row["node"]))
         stats.pages, stats.busy_s = max(stats.pages, row["worker_pages"]), max(stats.busy_s, row["worker_busy_s"])
         stats.start_s = row["worker_start_s"]
+    if not doc.pages and row.get("total"):  # its first row: the bar's total grows by its pages
+        batch.pages_known(row["total"])
     error = row["error"]
     if error is None:
         outcome: PageOutcome = pickle.loads(row["outcome"])
