@@ -24,7 +24,7 @@ from hyocr.engines.fake import FakeEngine
 from hyocr.engines.vllm.shared_core import SharedEngineCore
 from hyocr.pipeline.service import OcrService
 from hyocr.pipeline.supervisor import EngineSupervisor
-from hyocr.server.processes import close_in_forks, process_settings
+from hyocr.server.shares import close_in_forks, process_settings
 
 
 def test_several_api_processes_need_the_vllm_engine():

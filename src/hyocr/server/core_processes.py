@@ -19,12 +19,11 @@ import logging
 import multiprocessing
 import os
 import signal
-import socket
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from .shares import close_in_forks, process_settings
+from .shares import listen, process_settings
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -34,19 +33,13 @@ OWN_CORES_ENV = "HYOCR_OWN_CORES"  # set in each process: its replicas are its o
 
 
 def serve(settings: Settings) -> int:
-    from ..config import SettingsError
     from ..engines.vllm import compat
     from ..engines.vllm.cores import core_count
 
     count = settings.api_processes
     os.environ[OWN_CORES_ENV] = "1"
     compat.setup_multiprocess_metrics()  # before the processes start: they inherit the directory
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    try:
-        sock = socket.create_server((settings.host, settings.port), family=family, backlog=4096)
-    except OSError as exc:
-        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
-    close_in_forks(sock)
+    sock = listen(settings)
     cores = core_count(settings)
     log.info("starting %d hyocr API processes on %s:%d, each owning %s of %d engine cores", count, settings.host,
              settings.port, "one" if count == cores else f"about {cores // count}", cores)

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..engines.vllm import compat
 from ..engines.vllm.shared_core import SharedEngineCore, engine_config
-from .shares import close_in_forks, process_settings
+from .shares import process_settings
+from .shares import listen as bind_listening_socket
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -49,11 +50,9 @@ START_ATTEMPTS = 3
 
 def serve(settings: Settings) -> int:
     """The parent: size the engine once, start its core and N hyocr front ends, wait for them."""
-    import socket
 
     from vllm import __version__
 
-    from ..config import SettingsError
     from ..engines.vllm.engine import VllmEngine
 
     from ..engines.vllm.cores import core_count
@@ -70,14 +69,7 @@ def serve(settings: Settings) -> int:
     # vLLM waits this long for the front ends to drain after SIGTERM before it kills them.
     if "shutdown_timeout" in _engine_fields():
         kwargs.setdefault("shutdown_timeout", math.ceil(settings.drain_timeout) + 5)
-    # Bound before the engine loads: a port in use fails at once, and connections wait in the backlog
-    # until the front ends accept them.
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    try:
-        sock = socket.create_server((settings.host, settings.port), family=family, backlog=4096)
-    except OSError as exc:
-        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
-    close_in_forks(sock)
+    sock = bind_listening_socket(settings)
     listen = f"http://{settings.host}:{settings.port}"
 
     stopping = False

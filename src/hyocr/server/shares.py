@@ -4,6 +4,7 @@ admission limits, the separate metrics port, and the listening socket, which for
 from __future__ import annotations
 
 import os
+import socket
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,3 +35,17 @@ def close_in_forks(sock: Any) -> None:
     in a backlog nobody accepts from until the core exits. Spawned processes (the front ends) get only the
     descriptors passed to them."""
     os.register_at_fork(after_in_child=sock.close)
+
+
+def listen(settings: Settings) -> socket.socket:
+    """The server's listening socket, bound before any engine loads (a port in use fails at once, and
+    connections wait in the backlog until the API processes accept them), closed in forked children."""
+    from ..config import SettingsError
+
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    try:
+        sock = socket.create_server((settings.host, settings.port), family=family, backlog=4096)
+    except OSError as exc:
+        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
+    close_in_forks(sock)
+    return sock
