@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ...types import ChatDone, ChatEvent, ChatText, EngineChunk, FinishReason, Prepared
-from ..bodies import hyocr_meta, openai_finish, replicas_body, sse_stream, usage_body
+from ..bodies import completion_body, hyocr_meta, openai_finish, replicas_body, sse_stream, usage_body
 from ..convert import chat_call, completion_call
 from ..disconnect import unless_disconnected
 from ..protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
@@ -40,21 +40,18 @@ async def completions(body: CompletionRequest, request: Request):
 
 @dataclass(frozen=True)
 class _Shape:
-    """Where the two OpenAI routes differ: ids, object names, and how a choice carries its text."""
+    """Where the two OpenAI routes' streams differ: ids, the chunk's object name, how a chunk carries its text
+    (a whole answer is bodies.completion_body, which a batch line's answer shares)."""
 
     id_prefix: str
-    object: str  # of the whole answer
     chunk_object: str  # of a streamed chunk
-    choice: Callable[[str], dict]  # the whole answer's text -> its choice's content
     delta: Callable[[str, FinishReason | None, bool], dict]  # (text, finish, first chunk?) -> the chunk's content
 
 
-_CHAT = _Shape("chatcmpl", "chat.completion", "chat.completion.chunk",
-               lambda text: {"message": {"role": "assistant", "content": text}},
+_CHAT = _Shape("chatcmpl", "chat.completion.chunk",
                lambda text, finish, first: {"delta": {**({"content": text} if text or finish is None else {}),
                                                       **({"role": "assistant"} if first else {})}})
-_COMPLETION = _Shape("cmpl", "text_completion", "text_completion",
-                     lambda text: {"text": text}, lambda text, finish, first: {"text": text})
+_COMPLETION = _Shape("cmpl", "text_completion", lambda text, finish, first: {"text": text})
 
 
 async def _answer(request: Request, body, call, shape: _Shape):
@@ -71,13 +68,10 @@ async def _answer(request: Request, body, call, shape: _Shape):
         return StreamingResponse(_streamed(events, prep, created, shape, include_usage), media_type="text/event-stream",
                                  headers={**_SSE_HEADERS, **headers})
     done = await unless_disconnected(request, _last(events))
-    return JSONResponse({
-        "id": prep.request_id, "object": shape.object, "created": created, "model": prep.model,
-        "choices": [{"index": 0, **shape.choice(done.text), "logprobs": None,
-                     "finish_reason": openai_finish(done.finish_reason)}],
-        "usage": usage_body(done.prompt_tokens, done.completion_tokens),
-        "hyocr": hyocr_meta(prep.task, prep.requested_task, done.finish_reason),
-    }, headers=headers)
+    return JSONResponse(completion_body(
+        chat=shape is _CHAT, request_id=prep.request_id, created=created, model=prep.model, text=done.text,
+        finish=done.finish_reason, prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
+        task=prep.task, requested_task=prep.requested_task), headers=headers)
 
 
 async def _last(events: AsyncIterator[ChatEvent]) -> ChatDone:
