@@ -71,9 +71,13 @@ class MediaLimits:
                    settings.max_pdf_bytes, settings.max_request_pixels)
 
     def accepted(self, *, pdf: bool = False) -> str:
-        """The formats taken, for messages: "PNG, JPEG, WebP, BMP, TIFF" (and ", PDF" where PDFs are read)."""
-        names = [name for fmt, name in _NAMES.items() if fmt in self.formats]
-        return ", ".join([*names, "PDF"] if pdf else names)
+        return accepted_formats(self.formats, pdf=pdf)
+
+
+def accepted_formats(formats: frozenset[str], *, pdf: bool = False) -> str:
+    """The formats taken, for messages: "PNG, JPEG, WebP, BMP, TIFF" (and ", PDF" where PDFs are read)."""
+    names = [name for fmt, name in _NAMES.items() if fmt in formats]
+    return ", ".join([*names, "PDF"] if pdf else names)
 
 
 def is_pdf(data: bytes) -> bool:

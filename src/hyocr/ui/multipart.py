@@ -21,7 +21,7 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from ..errors import HyocrError, InvalidMedia, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
-from ..pipeline.media import sniff_format
+from ..pipeline.media import accepted_formats, sniff_format
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -30,9 +30,6 @@ FILES_FIELD = "files"  # the only form field Gradio's upload route reads
 SNIFF_BYTES = 512  # what sniff_format looks at
 MAX_HEADER_BYTES = 8 * 1024  # per part, as Gradio's parser
 MAX_FIELD_BYTES = 64 * 1024  # text fields: Gradio's browser client sends none
-_NAMES = {"PNG": "PNG", "JPEG": "JPEG", "WEBP": "WebP", "BMP": "BMP", "TIFF": "TIFF", "GIF": "GIF",
-          "JPEG2000": "JPEG 2000"}
-_ORDER = tuple(_NAMES)
 
 
 @dataclass(frozen=True)
@@ -53,7 +50,7 @@ class UploadRules:
                    settings.max_images_per_request, min(settings.max_body_bytes, most + overhead))
 
     def accepted(self) -> str:
-        return ", ".join([_NAMES[f] for f in _ORDER if f in self.formats] + ["PDF"])
+        return accepted_formats(self.formats, pdf=True)
 
 
 class UploadRefused(MultipartParseError):
