@@ -76,6 +76,7 @@ class Batch:
     stopped: dict[str, str] | None = None  # why the run ended early: {"reason", "message"}
     started: float = field(default_factory=time.monotonic)
     bar: Any = None
+    label: str = "hyocr batch"  # the progress bar's name (hyocr eval reads through a Batch too)
 
     def __post_init__(self) -> None:
         # Before any reading: a run stopped while the engine loads still says what it left pending.
@@ -99,7 +100,7 @@ class Batch:
         pages are known once it is), documents settled beside it."""
         from tqdm import tqdm
 
-        self.bar = tqdm(total=None, unit="page", desc="hyocr batch", file=sys.stderr, disable=None,
+        self.bar = tqdm(total=None, unit="page", desc=self.label, file=sys.stderr, disable=None,
                         dynamic_ncols=True, postfix=self._documents())
         try:
             yield

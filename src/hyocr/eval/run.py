@@ -147,7 +147,7 @@ async def evaluate(job: Job) -> dict[str, Any]:
         async with reader_for(job) as (reader, engine):
             # made here, after the engine started: its clock is the reading's
             batch = Batch([s.document for s in loaded.samples], job.reads, reader, job.defaults,
-                          workers=job.workers, max_attempts=1 + job.max_retries)
+                          workers=job.workers, max_attempts=1 + job.max_retries, label="hyocr eval")
             summary = await batch.run(state)
     finally:
         state.close()
