@@ -26,7 +26,7 @@ HELP_ALL = "--help-all"
 # The settings ``ocr`` and ``batch`` show in --help (the rest: --help-all).
 OCR_SETTINGS = ("engine", "model", "device", "request_timeout", "max_pages")
 BATCH_SETTINGS = ("engine", "model", "device", "request_timeout", "job_range_pages", "job_max_pages", "ray",
-                  "ray_replicas")
+                  "ray_replicas", "object_store_endpoint")
 
 
 def task_help() -> str:
@@ -121,14 +121,21 @@ def build_parser(*, full_help: bool = False) -> argparse.ArgumentParser:
     _settings_flags(ocr, skip=LOCAL_SKIP, shown=None if full_help else OCR_SETTINGS)
 
     batch = sub.add_parser("batch", help="read many documents into a folder, resumably (hyocr/batch/)",
-                           description="Read files, folders, globs and .jsonl manifests ({'path', 'task', "
-                           "'pages'} a line) into DIR: a JSON result per document, summary.json; a rerun "
-                           "skips what is done and retries what failed (DIR/.hyocr-batch.jsonl). In-process, "
-                           "a PDF is read JOB_RANGE_PAGES pages at a time, each range under REQUEST_TIMEOUT, "
-                           "its pages kept as they finish. Exit status: 0 all done, 1 some failed, 2 nothing "
-                           "could start, 3 the server (--url) cannot be reached, 130 interrupted.")
+                           description="Read files, folders, globs, .jsonl manifests ({'path', 'task', "
+                           "'pages'} a line) and s3:// or gs:// prefixes into DIR (or below an s3:// or "
+                           "gs:// prefix): a JSON result per document, summary.json; a rerun skips what is "
+                           "done and retries what failed (DIR/.hyocr-batch.jsonl; for a prefix, in "
+                           "--state-dir). In-process, a PDF is read JOB_RANGE_PAGES pages at a time, each "
+                           "range under REQUEST_TIMEOUT, its pages kept as they finish. Exit status: 0 all "
+                           "done, 1 some failed, 2 nothing could start, 3 the server (--url) cannot be "
+                           "reached, 130 interrupted.")
     batch.add_argument("inputs", nargs="+", metavar="INPUT")
-    batch.add_argument("--output", "-o", required=True, type=Path, metavar="DIR")
+    batch.add_argument("--output", "-o", required=True, metavar="DIR|URI",
+                       help="a folder, or an s3://bucket/prefix/ or gs:// prefix (credentials from the "
+                       "environment)")
+    batch.add_argument("--state-dir", dest="state_dir", type=Path, metavar="DIR",
+                       help="where the state a rerun resumes from is kept [default: DIR itself; for a "
+                       "prefix, ~/.cache/hyocr/batch/<bucket>-<digest of the prefix and endpoint>]")
     _read_flags(batch)
     batch.add_argument("--url", help="submit the documents as jobs to a running hyocr server (/v1/jobs)")
     batch.add_argument("--api-key", dest="api_key", help="--url: the server's key (or HYOCR_CLIENT_API_KEY)")
@@ -138,7 +145,8 @@ def build_parser(*, full_help: bool = False) -> argparse.ArgumentParser:
                        help="a failed document is read again by a rerun, up to 1 + this many attempts in all")
     batch.add_argument("--workers", type=int, default=2, help="documents read at once (in-process)")
     batch.add_argument("--table", choices=["jsonl", "parquet"],
-                       help="also write DIR/pages.jsonl or DIR/pages.parquet: a row a page of every document done")
+                       help="also write pages.jsonl or pages.parquet beside the outputs: a row a page of "
+                       "every document done")
     _settings_flags(batch, skip=LOCAL_SKIP, shown=None if full_help else BATCH_SETTINGS)
 
     bench = sub.add_parser(

@@ -1,7 +1,7 @@
 """``hyocr batch --ray`` as a user runs it: a Ray Data pipeline on a local Ray cluster the CLI starts (two
 rapidocr engine actors), over 50 rendered pages: ten images and four scanned ten-page PDFs, the PDFs' folder
-given as a file:// URI (listed and read through pyarrow.fs). It writes what the in-process batch writes, page
-for page, and either resumes the other's work."""
+given as a file:// URI (listed and read by batch/sources.py). It writes what the in-process batch writes,
+page for page, and either resumes the other's work."""
 
 from __future__ import annotations
 

@@ -103,7 +103,8 @@ def record(status, attempts=1, **kw):
 
 def test_resume_decisions(tmp_path):
     def d(rec, sha="s", options="o", max_attempts=3):
-        return decide(rec, name="new-name.json", sha256=sha, options=options, out_dir=tmp_path,
+        return decide(rec, name="new-name.json", sha256=sha, options=options,
+                      present=lambda name: (tmp_path / name).is_file(),
                       max_attempts=max_attempts)
 
     assert (d(None).action, d(None).attempt, d(None).output) == ("read", 1, "new-name.json")

@@ -1,7 +1,10 @@
-"""``hyocr batch INPUT... --output DIR``: many documents read into a folder, resumably and exactly once.
+"""``hyocr batch INPUT... --output DIR``: many documents read into a folder (or an object-store prefix),
+resumably and exactly once.
 
 ``plan`` expands INPUTs (files, folders, globs, ``.jsonl`` manifests, object-store URIs: ``sources``) into
-documents with stable output names; ``state`` keeps ``DIR/.hyocr-batch.jsonl`` and decides, on a rerun,
+documents with stable output names; ``outputs`` writes them to DIR or below an ``s3://``/``gs://`` prefix
+and says where the state lives (DIR; for a prefix, a local folder of its own); ``state`` keeps the state
+file ``.hyocr-batch.jsonl`` and decides, on a rerun,
 what is skipped (done, same content, same options, output present), retried (failed, attempts left) or
 re-attached (a job submitted by an interrupted run); ``readers`` read a document in-process (a PDF in
 ranges of pages, kept in ``partial`` as they finish, selected by ``pages``) or as a job (``--url``); ``run``
@@ -9,8 +12,9 @@ runs the plan. With ``--ray`` the plan runs as a Ray Data pipeline (hyocr/ray/da
 outputs, state lines and summary, so either resumes the other's work.
 
 Exit status: 0 every document done, 1 some failed (or left pending), 2 nothing could start (a bad INPUT,
-manifest line, ``--pages`` or task; DIR busy), 3 the server (``--url``) could not be reached: the documents
-not read are pending, no attempt spent; 130 interrupted (Ctrl-C): the summary is written, a rerun resumes.
+manifest line, ``--pages``, task or URI; DIR busy), 3 the server (``--url``) could not be reached: the
+documents not read are pending, no attempt spent; 130 interrupted (Ctrl-C): the summary is written, a rerun
+resumes.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ import asyncio
 import contextlib
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from ..config import Settings
+from .outputs import Output, OutputError, open_output
 from .plan import PlanError, expand
 from .run import Batch
+from .sources import Sources
 from .state import StateFile, clean_temps
 from .table import require as require_table
 from .table import write_table
@@ -40,11 +45,12 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     from ..errors import HyocrError
     from .pages import check as check_pages
 
-    out_dir: Path = args.output
     defaults = {k: getattr(args, k, None) for k in OPTIONS}
+    sources = Sources.from_settings(settings)
     try:
         check_pages(args.pages)
-        docs = expand(args.inputs, exclude=out_dir)
+        output = open_output(str(args.output), getattr(args, "state_dir", None), sources)
+        docs = expand(args.inputs, exclude=output.excluded, sources=sources)
         if not docs:
             raise PlanError("no documents (images or PDFs) in the INPUTs")
         if args.workers < 1 or args.max_retries < 0:
@@ -62,17 +68,22 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
             from ..ray.data import require_ray
 
             require_ray()
-        out_dir.mkdir(parents=True, exist_ok=True)
-        state = StateFile(out_dir)
+        output.open()
+        state = StateFile(output.state_dir)
     except (PlanError, RuntimeError, OSError) as exc:
         print(f"hyocr: {exc}", file=sys.stderr)
         return 2
     except HyocrError as exc:
         print(f"hyocr: {exc.message}", file=sys.stderr)
         return 2
-    batch = Batch(docs, out_dir, None, defaults, workers=args.workers, max_attempts=1 + args.max_retries)
+    if str(output.state_dir) != output.where:
+        print(f"hyocr: the batch's state (what is done, the pages read so far) is kept in "
+              f"{output.state_dir}; the same command run again resumes from it", file=sys.stderr)
+    batch = Batch(docs, output, None, defaults, workers=args.workers, max_attempts=1 + args.max_retries,
+                  sources=sources)
     try:
-        clean_temps(out_dir)
+        for folder in output.folders:  # once the state is locked: not the temp files of a run still going
+            clean_temps(folder)
         try:
             if on_ray:
                 summary = _run_on_ray(batch, state, settings)
@@ -85,10 +96,10 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
             summary = batch.finish()
     finally:
         state.close()
-    return _report(summary, out_dir, table, args.url)
+    return _report(summary, batch, output, table, args.url)
 
 
-def _report(summary: dict[str, Any], out_dir: Path, table: str | None, url: str | None) -> int:
+def _report(summary: dict[str, Any], batch: Batch, output: Output, table: str | None, url: str | None) -> int:
     """Failures one line each, the counts in one, then what stopped the run early: the exit status."""
     counts = summary["documents"]
     items = summary["items"]
@@ -97,11 +108,19 @@ def _report(summary: dict[str, Any], out_dir: Path, table: str | None, url: str 
             print(f"hyocr: {item['path']}: {item['error']}", file=sys.stderr)
     pending = sum(1 for i in items if i["status"] == "pending")
     noted = sum(1 for i in items if i.get("note"))
-    written = [out_dir / "summary.json"] + ([write_table(out_dir, summary, table)] if table else [])
+    written = [batch.summary_at] if batch.summary_at else []
+    unwritten = [batch.summary_error] if batch.summary_error else []
+    if table:
+        try:
+            written.append(write_table(output, summary, table))
+        except OutputError as exc:
+            unwritten.append(f"the --table file: {exc}")
+    for why in unwritten:
+        print(f"hyocr: {why}", file=sys.stderr)
     print(f"{counts['done']}/{counts['total']} documents done ({counts['resumed']} from an earlier run), "
           f"{counts['failed']} failed, {f'{pending} pending, ' if pending else ''}{summary['pages']['total']} "
           f"pages{f' ({noted} with fewer pages than --pages: see their note)' if noted else ''}; "
-          f"{', '.join(map(str, written))}", file=sys.stderr)
+          f"{', '.join(written) or 'nothing written'}", file=sys.stderr)
     stopped = summary.get("stopped") or {}
     if stopped.get("reason") == "interrupted":
         print("hyocr: interrupted; run again to resume", file=sys.stderr)
@@ -110,7 +129,7 @@ def _report(summary: dict[str, Any], out_dir: Path, table: str | None, url: str 
         print(f"hyocr: the server at {url} cannot be reached ({stopped['message']}): {pending} document(s) "
               "left pending, no attempt spent; run again once it answers", file=sys.stderr)
         return EXIT_UNREACHABLE
-    return 1 if counts["failed"] or counts["done"] < counts["total"] else 0
+    return 1 if counts["failed"] or counts["done"] < counts["total"] or unwritten else 0
 
 
 def _run_on_ray(batch: Batch, state: StateFile, settings: Settings) -> dict[str, Any] | None:

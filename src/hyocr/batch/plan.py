@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .sources import is_uri
+from .sources import Sources, is_uri
 
 # Read from folders (and from globs that match folders): these extensions, or these first bytes.
 DOCUMENT_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".tif", ".tiff", ".bmp", ".jp2",
@@ -42,7 +42,7 @@ class Document:
     path: Path  # absolute; for a URI, the object's path in its filesystem (bucket/key)
     rel: str  # the path relative to its INPUT's root (a folder, a glob's fixed part, a manifest's folder)
     overrides: Mapping[str, Any] = field(default_factory=dict)  # a manifest line's options
-    uri: str | None = None  # s3://, gs://, file://: listed and read through pyarrow.fs (sources.py)
+    uri: str | None = None  # s3://, gs://, file://: listed and read by sources.py
 
     @property
     def source(self) -> str:
@@ -57,11 +57,9 @@ class Document:
             return self.source
         return f"{self.source}?{json.dumps(dict(self.overrides), sort_keys=True, ensure_ascii=False)}"
 
-    def read(self) -> bytes:
-        """Its bytes. Raises OSError when it cannot be read."""
-        from .sources import read_source
-
-        return read_source(self.source)
+    def read(self, sources: Sources | None = None) -> bytes:
+        """Its bytes (an object's through ``sources``). Raises OSError when it cannot be read."""
+        return (sources or Sources()).read(self.source)
 
     @property
     def name(self) -> str:
@@ -71,6 +69,12 @@ class Document:
 
     def options(self, defaults: Mapping[str, Any]) -> dict[str, Any]:
         return {**defaults, **self.overrides}
+
+    def below(self, where: Path | str) -> bool:
+        """In the (resolved) folder ``where``, or below the URI prefix ``where``."""
+        if isinstance(where, str):
+            return self.source.startswith(where)
+        return self.path.is_absolute() and self.path.is_relative_to(where)  # an object's path is bucket/key
 
 
 def options_fingerprint(options: Mapping[str, Any]) -> str:
@@ -101,26 +105,29 @@ def looks_like_document(name: str, head: Callable[[], bytes]) -> bool:
     return first.startswith(_MAGIC) or (first[:4] == b"RIFF" and first[8:12] == b"WEBP")
 
 
-def expand(inputs: Iterable[str | Path], *, exclude: Path | None = None) -> list[Document]:
+def expand(inputs: Iterable[str | Path], *, exclude: Path | str | Iterable[Path | str] = (),
+           sources: Sources | None = None) -> list[Document]:
     """Documents in INPUT order (a folder's and a glob's sorted), each once (the first mention wins).
-    ``exclude``: a folder never read (the output folder)."""
+    ``exclude``: folders and URI prefixes never read (the output, the batch's state); ``sources``: how
+    URIs are listed (pipeline/objects.py's policy and endpoint)."""
     found: dict[str, Document] = {}
-    skip = exclude.resolve() if exclude is not None else None
+    skip = [e.resolve() if isinstance(e, Path) else e
+            for e in ((exclude,) if isinstance(exclude, Path | str) else exclude)]
+    sources = sources or Sources()
     for given in inputs:
-        for doc in _expand_one(str(given), {}):
-            if skip is not None and doc.path.is_relative_to(skip):
-                continue
-            found.setdefault(doc.key, doc)
+        for doc in _expand_one(str(given), {}, sources):
+            if not any(map(doc.below, skip)):
+                found.setdefault(doc.key, doc)
     return list(found.values())
 
 
-def _expand_one(given: str, overrides: Mapping[str, Any]) -> Iterable[Document]:
+def _expand_one(given: str, overrides: Mapping[str, Any], sources: Sources) -> Iterable[Document]:
     if is_uri(given):
-        yield from _objects(given, overrides)
+        yield from _objects(given, overrides, sources)
         return
     path = Path(given).expanduser()
     if path.is_file() and path.suffix.lower() == ".jsonl" and not overrides:
-        yield from _manifest(path)
+        yield from _manifest(path, sources)
     elif path.is_dir():
         yield from _folder(path, overrides)
     elif path.is_file():
@@ -149,16 +156,18 @@ def _folder(folder: Path, overrides: Mapping[str, Any], root: Path | None = None
                 yield Document(path.resolve(), _rel(path, root), overrides)
 
 
-def _objects(uri: str, overrides: Mapping[str, Any]) -> Iterable[Document]:
+def _objects(uri: str, overrides: Mapping[str, Any], sources: Sources) -> Iterable[Document]:
     """The object a URI names, or the documents below it as a folder's (no globs: list a prefix)."""
-    from .sources import SourceError, list_uri
+    from .sources import SourceError, local_path
 
     try:
-        found = list(list_uri(uri, looks_like_document))
+        found = list(sources.list(uri, looks_like_document))
     except SourceError as exc:
         raise PlanError(str(exc)) from None
     for object_uri, rel in found:
-        yield Document(Path(object_uri.partition("://")[2]), rel, overrides, uri=object_uri)
+        local = object_uri.startswith("file://")
+        path = local_path(object_uri) if local else Path(object_uri.partition("://")[2])
+        yield Document(path, rel, overrides, uri=object_uri)
 
 
 def _glob_root(pattern: str) -> Path:
@@ -182,7 +191,7 @@ def _rel(path: Path, root: Path) -> str:
         return path.name
 
 
-def _manifest(manifest: Path, within: tuple[Path, ...] = ()) -> Iterable[Document]:
+def _manifest(manifest: Path, sources: Sources, within: tuple[Path, ...] = ()) -> Iterable[Document]:
     """One JSON object a line: ``{"path": ..., "task": ..., "pages": ...}``; paths relative to the manifest's
     folder; blank lines and lines starting with # are skipped. Any line that is not so (not UTF-8, not JSON,
     an option of the wrong type, a path that cannot be) stops the plan with ``FILE:LINE: why``. A line may
@@ -207,16 +216,16 @@ def _manifest(manifest: Path, within: tuple[Path, ...] = ()) -> Iterable[Documen
                 raise PlanError(f"{where}: unknown key(s) {shown(', '.join(sorted(unknown)))}")
             overrides = _line_options(entry, where)
             try:
-                yield from _line_documents(entry["path"], overrides, base, where, within)
+                yield from _line_documents(entry["path"], overrides, base, where, sources, within)
             except (OSError, ValueError) as exc:  # a name too long, a NUL byte, a lone surrogate
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                 raise PlanError(f"{where}: {shown(entry['path'])}: {shown(why)}") from None
 
 
-def _line_documents(given: str, overrides: Mapping[str, Any], base: Path, where: str,
+def _line_documents(given: str, overrides: Mapping[str, Any], base: Path, where: str, sources: Sources,
                     within: tuple[Path, ...]) -> Iterable[Document]:
     if is_uri(given):
-        yield from _expand_one(given, overrides)
+        yield from _expand_one(given, overrides, sources)
         return
     target = Path(given).expanduser()
     target = target if target.is_absolute() else base / target
@@ -225,9 +234,9 @@ def _line_documents(given: str, overrides: Mapping[str, Any], base: Path, where:
     if target.is_file() and target.suffix.lower() == ".jsonl" and not overrides:
         if target.resolve() in within:
             raise PlanError(f"{where}: {shown(given)}: a manifest that includes itself")
-        yield from _manifest(target, within)
+        yield from _manifest(target, sources, within)
         return
-    for doc in _expand_one(str(target), overrides):
+    for doc in _expand_one(str(target), overrides, sources):
         yield Document(doc.path, _rel(doc.path, base) if doc.path.is_relative_to(base.resolve())
                        else doc.rel, doc.overrides)
 

@@ -1,6 +1,7 @@
-"""Running a plan: documents read ``workers`` at a time, each output written whole before its ``done`` line,
-a tqdm bar of pages on stderr (documents beside it), and ``summary.json`` at the end, also when the run
-stops early (Ctrl-C, a server that cannot be reached), its unread documents ``pending``."""
+"""Running a plan: documents read ``workers`` at a time, each output written whole (to DIR or an object
+prefix: outputs.py) before its ``done`` line, a tqdm bar of pages on stderr (documents beside it), and
+``summary.json`` at the end, also when the run stops early (Ctrl-C, a server that cannot be reached), its
+unread documents ``pending``."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ import hashlib
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .outputs import LocalOutput, Output, OutputError, forget, keep, kept
 from .partial import Partial, discard, parts_path
 from .plan import Document, options_fingerprint
 from .readers import Reader, ReadFailed, ServerUnreachable, Ticket
-from .state import Decision, Record, StateFile, decide, write_atomic
-
-SUMMARY = "summary.json"
+from .sources import Sources
+from .state import Decision, Record, StateFile, decide
 
 
 @dataclass(slots=True)
@@ -48,6 +49,12 @@ class Attempt:
     sha256: str
     fingerprint: str
     decision: Decision
+    kept: Any = None  # its body, read by an earlier run whose output the store refused: written, not read
+
+    @property
+    def tag(self) -> dict[str, str]:
+        """What a kept body was read from: a document changed since is read again."""
+        return {"sha256": self.sha256, "options": self.fingerprint}
 
     def record(self, state: StateFile, status: str, **extra: Any) -> None:
         state.append(Record(self.doc.key, self.sha256, self.fingerprint, status,  # type: ignore[arg-type]
@@ -65,11 +72,14 @@ class Batch:
     ``done`` and ``failed`` itself, so both write the same outputs, state lines and summary."""
 
     docs: list[Document]
-    out_dir: Path
+    output: Output | Path  # a Path: a local folder (LocalOutput), the state in it
     reader: Reader | None
     defaults: Mapping[str, Any]  # the command line's options; a manifest line's override them
     workers: int = 2
     max_attempts: int = 3
+    sources: Sources = field(default_factory=Sources)  # how documents named by URIs are read
+    summary_at: str | None = None  # where the summary was written
+    summary_error: str | None = None  # why it could not be (the store refused it): kept in the state folder
     items: dict[str, Item] = field(default_factory=dict)
     pages_read: int = 0  # this run: pages that finished
     settled: int = 0  # documents done, failed or skipped this run
@@ -79,6 +89,8 @@ class Batch:
     label: str = "hyocr batch"  # the progress bar's name (hyocr eval reads through a Batch too)
 
     def __post_init__(self) -> None:
+        if isinstance(self.output, Path):
+            self.output = LocalOutput(self.output)
         # Before any reading: a run stopped while the engine loads still says what it left pending.
         self.items = self.items or {d.key: Item(d.source, d.name) for d in self.docs}
 
@@ -108,9 +120,14 @@ class Batch:
             self.bar.close()
 
     def finish(self, **extra: Any) -> dict[str, Any]:
-        """The summary (``extra``: keys of a pipeline's own, such as the Ray workers), written to DIR."""
+        """The summary (``extra``: keys of a pipeline's own, such as the Ray workers), written beside the
+        outputs (``summary_at``), or kept in the state folder when the store refuses it
+        (``summary_error``)."""
         summary = {**self.summary(), **extra}
-        write_atomic(self.out_dir / SUMMARY, summary)
+        try:
+            self.summary_at = self.output.write_summary(summary)
+        except OutputError as exc:
+            self.summary_error = str(exc)
         return summary
 
     def stop(self, reason: str, message: str) -> None:
@@ -120,12 +137,14 @@ class Batch:
     async def one(self, doc: Document, state: StateFile) -> None:
         assert self.reader is not None
         try:
-            data = await asyncio.to_thread(doc.read)
+            data = await asyncio.to_thread(doc.read, self.sources)
         except OSError as exc:
             return self.unreadable(doc, exc)
         attempt = self.begin(doc, state, hashlib.sha256(data).hexdigest())
         if attempt is None:
             return
+        if attempt.kept is not None:
+            return await self.written(attempt, state, attempt.kept)
         item = attempt.item
 
         def submitted(job_id: str) -> None:
@@ -133,7 +152,7 @@ class Batch:
             if job_id != attempt.decision.job_id:  # a new job (a re-attached one is recorded already)
                 attempt.record(state, "submitted")  # before waiting: an interrupted run's rerun re-attaches
 
-        partial = Partial(self.out_dir, attempt.decision.output, attempt.sha256, attempt.fingerprint)
+        partial = Partial(self.output.state_dir, attempt.decision.output, attempt.sha256, attempt.fingerprint)
         clamp = "pages" not in doc.overrides  # the command line's --pages: one selection for every length
         ticket = Ticket(doc.source, attempt.idempotency_key, attempt.decision.job_id, self.page_read, submitted,
                         self.pages_known, partial, clamp)
@@ -143,7 +162,7 @@ class Batch:
             return self.failed(attempt, state, str(exc))
         except ServerUnreachable as exc:
             return self.stop("server_unreachable", str(exc))
-        self.done(attempt, state, body)
+        await self.written(attempt, state, body)
 
     def unreadable(self, doc: Document, exc: OSError) -> None:
         """Its bytes could not be read: nothing was, so it is no attempt."""
@@ -157,9 +176,17 @@ class Batch:
         item = self.items[doc.key]
         options = doc.options(self.defaults)
         fingerprint = options_fingerprint(options)
-        decision = decide(state.records.get(doc.key), name=doc.name, sha256=sha256, options=fingerprint,
-                          out_dir=self.out_dir, max_attempts=self.max_attempts)
+        record = state.records.get(doc.key)
+        decision = decide(record, name=doc.name, sha256=sha256, options=fingerprint,
+                          present=self.output.present, max_attempts=self.max_attempts)
         item.output, item.attempts, item.job_id = decision.output, decision.attempt, decision.job_id
+        body = None if decision.action == "skip" else kept(self.output.state_dir, decision.output,
+                                                           {"sha256": sha256, "options": fingerprint})
+        if body is not None:  # attempts count reads: this one only writes, whatever attempts are left
+            attempts = record.attempts if record else decision.attempt
+            decision = replace(decision, action="read", attempt=attempts)
+            item.attempts, item.resumed = decision.attempt, True
+            return Attempt(doc, item, options, sha256, fingerprint, decision, kept=body)
         if decision.action != "read":
             self._settled(item, decision)
             self._advance()
@@ -173,14 +200,35 @@ class Batch:
 
     def done(self, attempt: Attempt, state: StateFile, body: dict[str, Any]) -> None:
         """Its output written whole, then recorded: a run interrupted between the two rewrites it."""
-        write_atomic(self.out_dir / attempt.decision.output, body)
-        pages = body.get("pages") or []
-        item = attempt.item
-        item.status, item.pages, item.note = "done", len(pages), body.get("note")
-        item.failed_pages = sum(1 for p in pages if p.get("finish_reason") == "error")
-        attempt.record(state, "done", pages=len(pages))
-        discard(parts_path(self.out_dir, attempt.decision.output))  # its pages are in the output now
-        self._advance()
+        self._recorded(attempt, state, body, self._write(attempt, body))
+
+    async def written(self, attempt: Attempt, state: StateFile, body: dict[str, Any]) -> None:
+        """``done``, the output written on a worker thread: a store's PUT does not hold up the reads."""
+        self._recorded(attempt, state, body, await asyncio.to_thread(self._write, attempt, body))
+
+    def _write(self, attempt: Attempt, body: dict[str, Any]) -> str | None:
+        """None, or why the store refused the output (its body then kept for the next run)."""
+        try:
+            self.output.write(attempt.decision.output, body)
+        except OutputError as exc:
+            where = keep(self.output.state_dir, attempt.decision.output, attempt.tag, body)
+            return f"{exc}; its result is kept in {where} and the next run writes it without reading it again"
+        return None
+
+    def _recorded(self, attempt: Attempt, state: StateFile, body: dict[str, Any],
+                  refused: str | None) -> None:
+        name = attempt.decision.output
+        if refused is not None:
+            self.failed(attempt, state, refused)
+        else:
+            pages = body.get("pages") or []
+            item = attempt.item
+            item.status, item.pages, item.note = "done", len(pages), body.get("note")
+            item.failed_pages = sum(1 for p in pages if p.get("finish_reason") == "error")
+            attempt.record(state, "done", pages=len(pages))
+            forget(self.output.state_dir, name)  # a body kept by an earlier run: written now
+            self._advance()
+        discard(parts_path(self.output.state_dir, name))  # its pages are in the output, or in the kept body
 
     def _settled(self, item: Item, decision: Decision) -> None:
         record = decision.record
@@ -216,7 +264,8 @@ class Batch:
         done = [i for i in items if i.status == "done"]
         return {
             "object": "hyocr.batch.summary",
-            "output": str(self.out_dir),
+            "output": self.output.where,
+            "state": str(self.output.state_dir),
             "documents": {"total": len(items), "done": len(done),
                           "failed": sum(1 for i in items if i.status == "failed"),
                           "resumed": sum(1 for i in done if i.resumed)},

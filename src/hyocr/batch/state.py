@@ -1,5 +1,6 @@
-"""A batch's memory: ``DIR/.hyocr-batch.jsonl``, append-only JSON lines (the last line of a document wins),
-and the decision it gives a rerun for each document (``decide``). Outputs are written atomically."""
+"""A batch's memory: ``.hyocr-batch.jsonl`` in its state folder (DIR, or outputs.py's for an object
+prefix), append-only JSON lines (the last line of a document wins), and the decision it gives a rerun for
+each document (``decide``). Outputs are written atomically."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +28,7 @@ class Record:
     options: str  # options_fingerprint of what it was read with
     status: Literal["submitted", "done", "failed"]  # submitted: a job exists (--url), not finished here
     attempts: int  # attempts so far, this one included
-    output: str  # the output file's name in DIR
+    output: str  # the output's name in DIR (or below the output prefix)
     job_id: str | None = None
     pages: int | None = None  # done: pages in the result
     error: str | None = None  # failed: why
@@ -48,16 +50,17 @@ class Decision:
         return f"hyocr-batch-{digest[:40]}"
 
 
-def decide(record: Record | None, *, name: str, sha256: str, options: str, out_dir: Path,
+def decide(record: Record | None, *, name: str, sha256: str, options: str, present: Callable[[str], bool],
            max_attempts: int) -> Decision:
-    """What this run does with a document, given its last record (None: never seen)."""
+    """What this run does with a document, given its last record (None: never seen); ``present``: whether
+    an output of that name is there (in DIR, below the output prefix)."""
     if record is None:
         return Decision("read", 1, name)
     output = record.output or name
     if record.sha256 != sha256 or record.options != options:  # changed since: a new document
         return Decision("read", 1, output)
     if record.status == "done":
-        if (out_dir / output).is_file():
+        if present(output):
             return Decision("skip", record.attempts, output, record.job_id, record)
         return Decision("read", record.attempts + 1, output)  # its output was removed: read it again
     if record.status == "submitted":  # interrupted while its job ran: the same attempt, the same job

@@ -1,5 +1,6 @@
 """``--table jsonl|parquet``: the corpus as one table, a row a page of every document done (this run's and
-earlier runs'), written from the outputs at the end of a run: ``DIR/pages.jsonl`` or ``DIR/pages.parquet``.
+earlier runs'), written from the outputs at the end of a run: ``pages.jsonl`` or ``pages.parquet`` beside
+them (in DIR, or below the output prefix: outputs.py).
 
 JSONL keeps a page's blocks and fields as they are in its document's output; Parquet has one schema for
 every row, so there they are JSON text (``json.loads`` them), as the fields differ from task to task."""
@@ -10,9 +11,10 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .state import TEMP_PREFIX
+if TYPE_CHECKING:
+    from .outputs import Output
 
 FORMATS = ("jsonl", "parquet")
 ROWS_PER_GROUP = 4096  # Parquet row groups: a few thousand pages at a time in memory
@@ -31,21 +33,20 @@ def require(fmt: str | None) -> None:
             raise RuntimeError('--table parquet needs pyarrow: pip install pyarrow (or "hyocr[ray]")') from None
 
 
-def write_table(out_dir: Path, summary: Mapping[str, Any], fmt: str) -> Path:
-    """The table of the summary's done documents, written whole (a temp file, then renamed)."""
-    path = out_dir / f"pages.{fmt}"
-    temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
-    rows = page_rows(out_dir, summary["items"])
-    (_write_parquet if fmt == "parquet" else _write_jsonl)(temp, rows)
-    os.replace(temp, path)
-    return path
+CONTENT_TYPES = {"jsonl": "application/x-ndjson", "parquet": "application/vnd.apache.parquet"}
 
 
-def page_rows(out_dir: Path, items: list[Mapping[str, Any]]) -> Iterator[dict[str, Any]]:
-    for item in items:
-        if item["status"] != "done":
-            continue
-        body = json.loads((out_dir / item["output"]).read_text(encoding="utf-8"))
+def write_table(output: Output, summary: Mapping[str, Any], fmt: str) -> str:
+    """The table of the summary's done documents, written whole; where it was written. Raises OutputError
+    when the store refuses it (or an output to read it from)."""
+    rows = page_rows(output, summary["items"])
+    writer = _write_parquet if fmt == "parquet" else _write_jsonl
+    return output.write_file(f"pages.{fmt}", lambda path: writer(path, rows), CONTENT_TYPES[fmt])
+
+
+def page_rows(output: Output, items: list[Mapping[str, Any]]) -> Iterator[dict[str, Any]]:
+    done = [item for item in items if item["status"] == "done"]
+    for item, body in zip(done, output.bodies(item["output"] for item in done), strict=True):
         for page in body.get("pages") or []:
             yield {"document": item["path"], "output": item["output"], "page": page.get("index"),
                    **{k: page.get(k) for k, _ in COLUMNS[3:-2]},

@@ -1,5 +1,5 @@
 """Objects in S3 and GCS (``s3://bucket/key``, ``gs://bucket/key``): read as documents and batch input files,
-written as results, for jobs and batches (and ``hyocr batch``, in-process).
+written as results, for jobs and batches, and by ``hyocr batch`` in-process (batch/sources.py, outputs.py).
 
 Off unless the operator lists what may be reached (OBJECT_STORE_ALLOWED_BUCKETS): the server reads and writes
 with its own credentials, so without the list any caller could make it read any bucket those credentials
@@ -9,8 +9,8 @@ user info or query options (``s3://KEY:SECRET@b/k``, ``?endpoint_override=``, wh
 refused here, and the filesystem is built from settings, not from the URI. Presigned ``https://`` URLs are
 image URLs (pipeline/fetch.py: ALLOWED_MEDIA_DOMAINS, no private addresses), not objects.
 
-The IO is pyarrow.fs (the filesystem layer batch/sources.py and Ray Data read with), imported lazily: its
-calls block, so the async functions run them on worker threads.
+The IO is pyarrow.fs (the filesystem layer Ray Data reads with), imported lazily: its calls block, so the
+async functions run them on worker threads.
 """
 
 from __future__ import annotations
@@ -232,6 +232,18 @@ class ObjectStore:
             raise PayloadTooLarge(f"{uri} is larger than the {max_bytes} byte limit", param=param)
         return data
 
+    def head_sync(self, uri: ObjectUri, size: int, *, param: str = "uri") -> bytes:
+        """The object's first ``size`` bytes (``hyocr batch`` sniffs a name without an extension)."""
+        fs = self._filesystem(uri)
+        try:
+            with fs.open_input_stream(uri.path) as stream:
+                return stream.read(size)
+        except FileNotFoundError:
+            raise InvalidRequest(f"{uri}: no such object", param=param, code="object_not_found") from None
+        except OSError as exc:
+            raise ServiceUnavailable(f"{uri} could not be read: {store_message(exc)}", param=param,
+                                     code="object_store_unavailable") from None
+
     def write_sync(self, uri: ObjectUri, data: bytes, content_type: str = "application/json") -> None:
         try:
             fs = self._filesystem(uri)
@@ -240,8 +252,9 @@ class ObjectStore:
         except (OSError, ValueError, ServiceUnavailable) as exc:
             raise ObjectWriteError(f"{uri} could not be written: {store_message(exc)}") from None
 
-    def list_sync(self, prefix: ObjectUri) -> list[tuple[ObjectUri, int]]:
-        """The objects below ``prefix`` (or the one it names), sorted by key, with their sizes."""
+    def list_sync(self, prefix: ObjectUri, *, recursive: bool = True) -> list[tuple[ObjectUri, int]]:
+        """The objects below ``prefix`` (or the one it names), sorted by key, with their sizes; not
+        ``recursive``: only those directly below it."""
         pafs = _pafs()
         fs = self._filesystem(prefix)
         root = prefix.path.rstrip("/")
@@ -249,7 +262,7 @@ class ObjectStore:
             info = fs.get_file_info(root)
             if info.type == pafs.FileType.File:
                 return [(prefix, info.size or 0)]
-            entries = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+            entries = fs.get_file_info(pafs.FileSelector(root, recursive=recursive, allow_not_found=True))
         except OSError as exc:
             raise ServiceUnavailable(f"{prefix} could not be listed: {store_message(exc)}",
                                      code="object_store_unavailable") from None

@@ -5,7 +5,7 @@ down one started here), assembling the pipeline, and the documents arriving and 
 
     documents still to read (the state file decides, as in-process: hyocr/batch/)
       -> a dataset of them (sources, content hashes, options; never the bytes)
-      -> render tasks (pages.py): each file read (a local path, or a URI through pyarrow.fs); a PDF
+      -> render tasks (pages.py): each file read (a local path, or a URI through batch/sources.py); a PDF
          rendered by the PdfRenderer with the RenderPlan the in-process service makes for this engine, so
          the pixels are the same; one row a page (an image file is one page, decoded by the engine actor)
       -> engine actors (reader.py; ``map_batches`` with a callable class, an actor pool of ``ray_replicas``,
@@ -139,7 +139,7 @@ def _documents_to_read(batch: Batch, state: StateFile,
     pending: dict[str, Pending] = {}
     defaults = batch.defaults
     with ThreadPoolExecutor(HASHING_THREADS, thread_name_prefix="hyocr-hash") as pool:
-        looks = pool.map(lambda d: _look(d, d.options(defaults), service), batch.docs)
+        looks = pool.map(lambda d: _look(d, d.options(defaults), service, batch.sources), batch.docs)
         for doc, look in zip(batch.docs, looks, strict=True):
             if isinstance(look, OSError):
                 batch.unreadable(doc, look)
@@ -147,6 +147,9 @@ def _documents_to_read(batch: Batch, state: StateFile,
             sha256, pdf, task, refused = look
             attempt = batch.begin(doc, state, sha256)
             if attempt is None:
+                continue
+            if attempt.kept is not None:  # read by an earlier run, its output refused then: written now
+                batch.done(attempt, state, attempt.kept)
                 continue
             if refused is not None:  # the task cannot run on this engine: as in-process, before reading
                 batch.failed(attempt, state, refused)
@@ -160,14 +163,15 @@ def _documents_to_read(batch: Batch, state: StateFile,
     return rows, pending
 
 
-def _look(doc: Any, options: Mapping[str, Any], service: Any) -> tuple[str, bool, Task | None, str | None] | OSError:
+def _look(doc: Any, options: Mapping[str, Any], service: Any,
+          sources: Any) -> tuple[str, bool, Task | None, str | None] | OSError:
     """(content hash, is a PDF, the task that will run, or why none can), or the error reading it."""
     from ..batch.local import file_call
     from ..errors import HyocrError
     from ..pipeline.media import is_pdf
 
     try:
-        data = doc.read()
+        data = doc.read(sources)
     except OSError as exc:
         return exc
     task, refused = None, None
@@ -181,7 +185,7 @@ def _look(doc: Any, options: Mapping[str, Any], service: Any) -> tuple[str, bool
 def _read_on_ray(batch: Batch, state: StateFile, settings: Settings, service: Any, rows: list[dict[str, Any]],
                  pending: dict[str, Pending], workers: dict[str, WorkerStats]) -> None:
     try:
-        for row in _pipeline(settings, service, rows).iter_rows():
+        for row in _pipeline(settings, service, rows, batch.sources).iter_rows():
             _arrived(batch, state, row, pending, workers)
     except Exception as exc:  # noqa: BLE001 (an actor that died, a task that failed: the rest stays pending)
         print(f"hyocr: the Ray pipeline stopped: {_reason(exc)}; {len(pending)} document(s) not read "
@@ -229,7 +233,7 @@ def _connect(settings: Settings) -> None:
         ray.init(address=LOCAL, num_cpus=max(os.cpu_count() or 1, needed), include_dashboard=False, **quiet)
 
 
-def _pipeline(settings: Settings, service: Any, rows: list[dict[str, Any]]) -> Any:
+def _pipeline(settings: Settings, service: Any, rows: list[dict[str, Any]], sources: Any) -> Any:
     import ray.data
     from ray.util.debug import log_once
 
@@ -244,7 +248,7 @@ def _pipeline(settings: Settings, service: Any, rows: list[dict[str, Any]]) -> A
     return (
         ray.data.from_items(rows, override_num_blocks=min(len(rows), 1000))
         .flat_map(render_document, fn_kwargs={"plan": service.inputs.pdf_plan, "limits": service.inputs.limits,
-                                              "max_pages": service.max_pages, "pdf": pdf})
+                                              "max_pages": service.max_pages, "pdf": pdf, "sources": sources})
         .map_batches(
             PageReader, batch_size=batch_size, batch_format="pyarrow",
             fn_constructor_kwargs={"settings": settings_payload(settings)},

@@ -1,5 +1,6 @@
 """``hyocr batch --ray``'s render side, run in Ray tasks (``flat_map``): each document read (a local path, or a
-URI through pyarrow.fs) and checked against the hash the driver recorded; a PDF rendered by the PdfRenderer
+URI through the batch's ``Sources``) and checked against the hash the driver recorded; a PDF rendered by the
+PdfRenderer
 with the RenderPlan the in-process service makes for the engine, one row a page (``Rendered``); an image file
 one row of its bytes (decoded by the engine actor); a document that cannot be read one row saying why.
 ``RenderedPages`` is the renderer the engine actor's service gets instead of its own: it hands back the pages
@@ -20,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..batch.sources import Sources
     from ..errors import HyocrError
     from ..pipeline.pdf import RenderPlan
     from ..types import PageImage
@@ -45,14 +47,15 @@ def _renderer(pdf: Mapping[str, Any]) -> Any:
 
 
 def render_document(row: dict[str, Any], *, plan: RenderPlan, limits: Any, max_pages: int,
-                    pdf: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A document's rows: one a page (an image file is one page: its bytes), or one saying why it failed."""
-    from ..batch.sources import read_source
+                    pdf: Mapping[str, Any], sources: Sources | None = None) -> list[dict[str, Any]]:
+    """A document's rows: one a page (an image file is one page: its bytes), or one saying why it failed.
+    ``sources``: the driver's (its object store's endpoint and policy)."""
+    from ..batch.sources import Sources
     from ..errors import HyocrError
     from ..pipeline.media import check_pdf_size
 
     try:
-        data = read_source(row["source"])
+        data = (sources or Sources()).read(row["source"])
     except OSError as exc:
         return [_failure(row, exc.strerror or str(exc))]
     if hashlib.sha256(data).hexdigest() != row["sha256"]:
