@@ -20,6 +20,11 @@ class S3Server:
         self._server.start()
         host, port = self._server.get_host_and_port()
         self.url = f"http://{host}:{port}"
+        # moto keeps its buckets in process-wide backends that outlive a server: start from none, so the
+        # buckets another test module made (the same names) do not leak into this one
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(self.url + "/moto-api/reset", method="POST"), timeout=10)
         import boto3
 
         self.client = boto3.client("s3", endpoint_url=self.url, region_name="us-east-1",
