@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import and_, case, delete, exists, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from . import paging
 from .schema import batch_chunks, batch_lines, batches
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -109,13 +110,9 @@ class BatchStore:
         if after is not None and not BATCH_ID.fullmatch(after):
             return [], False
         if after is not None:
-            async with self.engine.connect() as db:
-                row = (await db.execute(select(batches.c.created_at, batches.c.id).where(
-                    batches.c.id == after, batches.c.owner == owner))).first()
-            if row is None:
+            if (past := await paging.after(self.engine, batches, owner, after)) is None:
                 return [], False
-            where = and_(where, or_(batches.c.created_at < row.created_at,
-                                    and_(batches.c.created_at == row.created_at, batches.c.id < row.id)))
+            where = and_(where, past)
         found = await self._records(where, limit=limit + 1)
         return found[:limit], len(found) > limit
 

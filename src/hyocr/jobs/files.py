@@ -23,6 +23,7 @@ from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..errors import InvalidRequest, NotFound, PayloadTooLarge, RateLimited
+from . import paging
 from .schema import file_parts, files
 
 PART = 4 * 1024 * 1024
@@ -152,17 +153,9 @@ class FileStore:
         if after is not None and not FILE_ID.fullmatch(after):
             return [], False
         if after is not None:
-            async with self.engine.connect() as db:
-                row = (await db.execute(select(files.c.created_at, files.c.id).where(
-                    files.c.id == after, files.c.owner == owner))).first()
-            if row is None:
+            if (past := await paging.after(self.engine, files, owner, after, newest_first=newest_first)) is None:
                 return [], False
-            if newest_first:
-                where = and_(where, or_(files.c.created_at < row.created_at,
-                                        and_(files.c.created_at == row.created_at, files.c.id < row.id)))
-            else:
-                where = and_(where, or_(files.c.created_at > row.created_at,
-                                        and_(files.c.created_at == row.created_at, files.c.id > row.id)))
+            where = and_(where, past)
         keys = (files.c.created_at.desc(), files.c.id.desc()) if newest_first else (files.c.created_at,
                                                                                     files.c.id)
         async with self.engine.connect() as db:

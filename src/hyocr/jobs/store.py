@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..types import MediaInput, OcrCall, PageResult
-from . import codec
+from . import codec, paging
 from .schema import deliveries, inputs, jobs, metadata, pages, ranges, upgrade
 
 ACTIVE = ("queued", "running")
@@ -152,13 +152,9 @@ class JobStore:
         """The owner's jobs, newest first, after the job ``after`` (a cursor from the previous page)."""
         where = jobs.c.owner == owner
         if after is not None:
-            async with self.engine.connect() as db:
-                row = (await db.execute(select(jobs.c.created_at, jobs.c.id).where(
-                    jobs.c.id == after, jobs.c.owner == owner))).first()
-            if row is None:
+            if (past := await paging.after(self.engine, jobs, owner, after)) is None:
                 return [], False
-            where = and_(where, or_(jobs.c.created_at < row.created_at,
-                                    and_(jobs.c.created_at == row.created_at, jobs.c.id < row.id)))
+            where = and_(where, past)
         found = await self._records(where, limit=limit + 1)
         return found[:limit], len(found) > limit
 
