@@ -25,6 +25,7 @@ from .batches import MAX_REPORTED, error_line, line_max_bytes, parse_line, split
 from .codec import json_bytes
 from .exports import export_batch
 from .files import FileStore
+from .loops import passes
 
 log = logging.getLogger("hyocr.jobs")
 PAGE = 500  # lines per query when writing the output files
@@ -133,17 +134,12 @@ class BatchRunner:
     async def run(self, poll: float, wake: asyncio.Event, dispatch: asyncio.Event) -> None:
         """Whole-batch work until cancelled: when ``wake`` is set, or every ``poll`` seconds. ``dispatch``
         (the dispatcher's wake) is set when a batch's chunks become claimable."""
-        while True:
-            try:
-                while (batch := await self.store.claim_batch(self.replica)) is not None:
-                    await self._held(batch)
-                    dispatch.set()
-            except Exception:
-                log.exception("batch work failed")
-            wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(poll):
-                    await wake.wait()
+        async def one_pass() -> None:
+            while (batch := await self.store.claim_batch(self.replica)) is not None:
+                await self._held(batch)
+                dispatch.set()
+
+        await passes(one_pass, wake, poll, "batch work")
 
     async def _held(self, batch: BatchRecord) -> None:
         """``_whole`` in a task of its own, which a lost claim cancels (never this loop)."""

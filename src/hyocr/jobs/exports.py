@@ -15,7 +15,6 @@ it, and one that dies mid-way leaves it to be written again: objects are overwri
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..pipeline.objects import ObjectStore, ObjectUri, ObjectWriteError, parse_object_uri
 from .codec import json_bytes
+from .loops import passes
 from .schema import jobs
 
 log = logging.getLogger("hyocr.jobs")
@@ -112,16 +112,11 @@ class JobExports:
         self.document = document  # async (job) -> the /v1/ocr body of its result (the api layer's ocr_body)
 
     async def run(self, poll: float, wake: asyncio.Event) -> None:
-        while True:
-            try:
-                while (job_id := await self._claim()) is not None:
-                    await self._export(job_id)
-            except Exception:
-                log.exception("job output failed")
-            wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(poll):
-                    await wake.wait()
+        async def one_pass() -> None:
+            while (job_id := await self._claim()) is not None:
+                await self._export(job_id)
+
+        await passes(one_pass, wake, poll, "job output")
 
     async def _claim(self) -> str | None:
         now = time.time()

@@ -25,6 +25,7 @@ from ..types import FinishReason, PageRead, PageResult
 from .batch_store import ACTIVE as BATCH_ACTIVE
 from .batch_store import ENDED as BATCH_ENDED
 from .codec import at_position
+from .loops import passes
 from .outbox import Outbox
 from .store import Claim, JobRecord, JobStore
 from .webhooks import event_body
@@ -86,20 +87,15 @@ class JobRunner:
                 and admission.in_flight < max(1.0, online_cap))
 
     async def _dispatch(self) -> None:
-        while True:
-            try:
-                while self._room() and (work := await self._claim()) is not None:
-                    key, owner, run = work
-                    task = asyncio.create_task(run)
-                    self._ranges[key], self._job_of[key] = task, owner
-                    task.add_done_callback(self._forget)
-                await self._refresh_metrics()
-            except Exception:  # the database went away for a moment: try again at the next poll
-                log.exception("job dispatch failed")
-            self.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.poll):
-                    await self.wake.wait()
+        await passes(self._dispatch_pass, self.wake, self.poll, "job dispatch")
+
+    async def _dispatch_pass(self) -> None:
+        while self._room() and (work := await self._claim()) is not None:
+            key, owner, run = work
+            task = asyncio.create_task(run)
+            self._ranges[key], self._job_of[key] = task, owner
+            task.add_done_callback(self._forget)
+        await self._refresh_metrics()
 
     async def _claim(self):
         """(key, job or batch id, the coroutine to run) of the next work: a job's range or a batch's chunk,
