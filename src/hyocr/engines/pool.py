@@ -39,11 +39,15 @@ class Work:
     output: float
 
 
+def output_budget(request: EngineRequest) -> int:
+    """The output tokens a request is expected to write: its budget, up to OUTPUT_ESTIMATE."""
+    return min(request.sampling.max_tokens or OUTPUT_ESTIMATE, OUTPUT_ESTIMATE)
+
+
 def default_cost(request: EngineRequest) -> Work:
-    """An engine-neutral estimate: a token per 1024 pixels (HunyuanOCR's is ~1 per 1000), the output
-    budget up to OUTPUT_ESTIMATE."""
+    """An engine-neutral estimate: a token per 1024 pixels (HunyuanOCR's is ~1 per 1000), and the output."""
     pixels = sum(p.image.width * p.image.height for p in request.images if p.image is not None)
-    return Work(pixels / 1024, min(request.sampling.max_tokens or OUTPUT_ESTIMATE, OUTPUT_ESTIMATE))
+    return Work(pixels / 1024, output_budget(request))
 
 
 class _Copy:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from ...hunyuan.geometry import PixelBounds, visual_tokens
 from ...types import EngineRequest
-from ..pool import OUTPUT_ESTIMATE, EnginePool, Work
+from ..pool import EnginePool, Work, output_budget
 from . import compat
 from .tuning import preprocess_workers, visible_gpus
 
@@ -91,4 +91,4 @@ def hunyuan_cost(request: EngineRequest, bounds: PixelBounds) -> Work:
     """A request's work for a core: its images' visual tokens (HunyuanOCR's count at the size the engine
     resizes them to) and its output budget up to a page's."""
     prefill = sum(visual_tokens(p.image.height, p.image.width, bounds) for p in request.images if p.image)
-    return Work(prefill, min(request.sampling.max_tokens or OUTPUT_ESTIMATE, OUTPUT_ESTIMATE))
+    return Work(prefill, output_budget(request))

@@ -81,11 +81,12 @@ class StartupCalls:
         would use (PIXEL_TRANSFER=bytes); floats otherwise, as transformers' processor gives them."""
         from . import pixels
 
+        # Floats until this engine process has shown it normalises bytes (an engine started before it in this
+        # process may have set bytes). Without the fast path there is nothing to set: transformers' own runs.
+        if self.fast_pixels:
+            pixels.install(uint8=False)
         if not self.bytes_wanted() or self.info.details.get("pixels") == "transformers":
-            if self.fast_pixels:  # an engine started before it in this process may have set bytes
-                pixels.install(uint8=False)
             return
-        pixels.install(uint8=False)  # floats until this engine process has shown it normalises bytes
         config = os.environ.get(ENV_PIXELS)
         try:
             theirs = await self.engine.collective_rpc("hyocr_pixel_table")  # one per worker (tensor parallel)
