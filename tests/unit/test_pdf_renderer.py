@@ -12,7 +12,7 @@ import numpy as np
 import pdfs
 import pytest
 
-from hyocr.errors import InvalidMedia, PayloadTooLarge, UnprocessableDocument
+from hyocr.errors import InvalidMedia, PayloadTooLarge, ServiceUnavailable, UnprocessableDocument
 from hyocr.pipeline.pdf import PdfRenderer, RenderPlan
 
 DETECTOR = RenderPlan(fixed_dpi=150, max_pixels=40_000_000)
@@ -119,6 +119,23 @@ async def test_a_worker_that_dies_mid_render_is_a_422_and_is_replaced(renderer):
         await render
     assert exc.value.code == "pdf_render_failed" and "damaged or needs too much memory" in exc.value.message
     await _still_renders(renderer)
+
+
+async def test_closing_the_pool_mid_render_is_a_quiet_503_not_a_logged_failure(caplog):
+    # hyocr batch's Ctrl-C (and a server's shutdown) closes the pool while a thread reads from a worker:
+    # the read fails on a closed descriptor, which is the shutdown, not a fault to log with a traceback.
+    pool = PdfRenderer(workers=1, timeout=10.0)
+    render = asyncio.ensure_future(pool.render(pdfs.slow_pdf(), DETECTOR))
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if pool._live:
+            break
+    await asyncio.sleep(0.3)
+    pool.close()
+    with pytest.raises(ServiceUnavailable) as exc:
+        await render
+    assert exc.value.status == 503 and exc.value.code == "shutting_down"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
 
 
 async def test_a_render_past_the_memory_limit_fails_alone():

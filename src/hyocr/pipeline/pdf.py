@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 
 from PIL import Image
 
-from ..errors import HyocrError, InvalidMedia, InvalidRequest, PayloadTooLarge, UnprocessableDocument
+from ..errors import HyocrError, InvalidMedia, InvalidRequest, PayloadTooLarge, ServiceUnavailable, UnprocessableDocument
 from ..hunyuan.geometry import PixelBounds, visual_tokens
 from ..types import FinishReason, PageImage, PageResult
 
@@ -134,11 +134,13 @@ class _Worker:
         theirs.close()
         self.conn = Connection(ours.detach())
         self.ready = False
+        self.killed = False  # by close() (shutdown, Ctrl-C) while a pool thread may be reading from it
 
     def alive(self) -> bool:
         return self.process.poll() is None
 
     def kill(self) -> None:
+        self.killed = True
         self.process.kill()
         self.process.wait(5)
         self.conn.close()
@@ -220,6 +222,8 @@ class PdfRenderer:
         except HyocrError as exc:  # the document's own problem, reported by a healthy worker
             return exc, worker
         except Exception:  # a broken pipe, say: the worker is not trusted again
+            if worker is not None and worker.killed:  # closed under us (shutting down): nothing went wrong
+                return _shutting_down(), None
             log.exception("PDF render worker failed")
             if worker is not None:
                 self._kill(worker)
@@ -265,6 +269,8 @@ class PdfRenderer:
         try:
             message = worker.conn.recv()
         except (EOFError, OSError):
+            if worker.killed:
+                raise _Stop(_shutting_down()) from None
             try:
                 code = worker.process.wait(1)
             except subprocess.TimeoutExpired:
@@ -277,6 +283,10 @@ class PdfRenderer:
         if message[0] == "fatal":  # the worker is exiting
             raise _Stop(error_from(*message[1:]))
         return message
+
+
+def _shutting_down() -> ServiceUnavailable:
+    return ServiceUnavailable("the PDF renderer is shutting down", code="shutting_down")
 
 
 def _close_at_exit(ref: weakref.ref) -> None:
