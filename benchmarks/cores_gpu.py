@@ -40,7 +40,15 @@ engines_gpu.VARIANTS.update({
     "floats": "--pixel-transfer floats",  # the processor's floats to the core, as before issue 30
     "cores3-floats": "--engines-per-gpu 3 --pixel-transfer floats",
     "api4-cores3": "--engines-per-gpu 3 --api-processes 3",
+    "api3-cores3": "--engines-per-gpu 3 --api-processes 3",  # each API process owns one core
+    "api4-cores4": "--engines-per-gpu 4 --api-processes 4",
+    "v2": "",  # vLLM 0.26's V2 model runner (VARIANT_ENV), all else the defaults
+    "v2-api3-cores3": "--engines-per-gpu 3 --api-processes 3",
+    "v2-api4-cores4": "--engines-per-gpu 4 --api-processes 4",
 })
+# Variants that differ by the server's environment: "v2..." runs vLLM 0.26's V2 model runner (hyocr picks V1 on
+# 0.26 unless VLLM_USE_V2_MODEL_RUNNER is set; vision.py gives HunYuanVL's forward the defaults V2's capture needs).
+VARIANT_ENV = {"v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}
 CARD_LEVELS = [int(c) for c in os.environ.get("CARD_LEVELS", "1,32,64,128,192").split(",") if c]
 A4_LEVELS = [int(c) for c in os.environ.get("A4_LEVELS", "64,128").split(",") if c]
 PER_STREAM = {"card": 4, "a4": 2}
@@ -206,6 +214,8 @@ def run(target: str, out: Path) -> None:
             command += ["--api-server-count", "4"]
     log = open(out / f"{engines_gpu.safe(target)}.server.log", "w")
     env = {**os.environ, "HYOCR_UI": "false", "PYTHONPATH": f"{engines_gpu.ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    variant = target.partition("+")[2]
+    env.update(VARIANT_ENV.get(variant.split("-")[0], {}) if variant else {})
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     result: dict = {"target": target, "command": command, "date": time.strftime("%Y-%m-%d"), "levels": {}}
     try:

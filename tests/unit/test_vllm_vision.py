@@ -176,3 +176,26 @@ def test_the_api_process_never_imports_the_engine_process_extension():
     code = ("import sys, hyocr.engines.vllm.engine, hyocr.engines.vllm.cores, hyocr.engines.vllm.startup; "
             "sys.exit('hyocr.engines.vllm.vision' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_native_models_forward_gets_the_defaults_v2s_capture_relies_on(monkeypatch):
+    """vLLM 0.26's HunYuanVLForConditionalGeneration.forward takes intermediate_tensors and inputs_embeds without
+    defaults; the V2 model runner captures CUDA graphs without intermediate_tensors (TypeError at start). The
+    class here has that signature; the installed forward passes the arguments through, once, however often
+    it is installed."""
+    calls = []
+
+    class Native:
+        def forward(self, input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs):
+            calls.append((input_ids, positions, intermediate_tensors, inputs_embeds, kwargs))
+            return "hidden"
+
+    monkeypatch.setattr(vllm_vision.compat, "native_model_class", lambda: Native)
+    assert vllm_vision.install_forward_defaults() == "forward defaults installed"
+    vllm_vision.install_forward_defaults()
+    model = Native()
+    assert model.forward(input_ids="ids", positions="pos", inputs_embeds="emb") == "hidden"
+    assert model.forward("ids", "pos", "it", None, extra=1) == "hidden"
+    assert calls == [("ids", "pos", None, "emb", {}), ("ids", "pos", "it", None, {"extra": 1})]
+    monkeypatch.setattr(vllm_vision.compat, "native_model_class", lambda: None)
+    assert vllm_vision.install_forward_defaults() == "no native model"

@@ -352,6 +352,16 @@ def native_vision_class() -> Any:
     return getattr(hunyuan_vision, "HunYuanVisionTransformer", None)
 
 
+def native_model_class() -> Any:
+    """vLLM's native ``HunYuanVLForConditionalGeneration`` (0.12-0.31; 0.26 checked), whose ``forward`` takes
+    ``intermediate_tensors`` and ``inputs_embeds`` without defaults; None where there is none (0.32)."""
+    try:
+        from vllm.model_executor.models import hunyuan_vision
+    except ImportError:
+        return None
+    return getattr(hunyuan_vision, "HunYuanVLForConditionalGeneration", None)
+
+
 def uses_flash_attention(visual: Any) -> bool:
     """The vision attention's backend is flash attention (``layers[0].self_attn.attn.is_flash_attn_backend``,
     0.26). If it moves this reads False and the batched forward falls back to vLLM's per image."""

