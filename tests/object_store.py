@@ -73,3 +73,65 @@ def s3_environment():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+class GcsServer:
+    """A real GCS JSON-API server on loopback (gcp-storage-emulator, in memory, started by the test), reached
+    the way Google's client libraries reach an emulator: STORAGE_EMULATOR_HOST (gcs_environment)."""
+
+    def __init__(self) -> None:
+        from gcp_storage_emulator.server import create_server
+
+        self._server = create_server("127.0.0.1", 0, in_memory=True)
+        self._server.start()
+        host, port = self._server._api._httpd.server_address[:2]  # port 0: the port the OS gave
+        self.url = f"http://{host}:{port}"
+
+    def _call(self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json"):
+        import urllib.request
+
+        request = urllib.request.Request(self.url + path, data=body, method=method,
+                                         headers={"Content-Type": content_type})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.read()
+
+    def bucket(self, name: str) -> None:
+        self._call("POST", "/storage/v1/b?project=test", json.dumps({"name": name}).encode())
+
+    def put(self, bucket: str, key: str, data: bytes) -> str:
+        from urllib.parse import quote
+
+        self._call("POST", f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(key, safe='')}", data,
+                   "application/octet-stream")
+        return f"gs://{bucket}/{key}"
+
+    def get(self, bucket: str, key: str) -> bytes:
+        from urllib.parse import quote
+
+        return self._call("GET", f"/storage/v1/b/{bucket}/o/{quote(key, safe='')}?alt=media")
+
+    def json(self, bucket: str, key: str) -> dict:
+        return json.loads(self.get(bucket, key))
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        from urllib.parse import quote
+
+        found = json.loads(self._call("GET", f"/storage/v1/b/{bucket}/o?prefix={quote(prefix, safe='')}"))
+        return sorted(item["name"] for item in found.get("items", []))
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+@contextmanager
+def gcs_environment(server: GcsServer):
+    """STORAGE_EMULATOR_HOST set for this process (an in-process server reads it) and restored after."""
+    saved = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = server.url
+    try:
+        yield {"STORAGE_EMULATOR_HOST": server.url}
+    finally:
+        if saved is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = saved

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from imaging import Line, render, squash, to_bytes
-from object_store import S3Server, s3_environment
+from object_store import GcsServer, S3Server, s3_environment
 from pdfs import scanned_pdf
 
 HYOCR = [sys.executable, "-m", "hyocr"]
@@ -151,6 +151,32 @@ def test_an_s3_prefix_read_into_an_s3_prefix_gives_what_a_local_run_gives(s3, en
     summary = s3.json("results", "run-1/summary.json")
     assert summary["documents"]["resumed"] == 2 and summary["pages"]["read_this_run"] == 1
     assert _by_stem(_stored(s3, "results", "run-1/")) == _by_stem(stored)
+
+
+def test_a_gs_prefix_read_into_a_gs_prefix_gives_what_a_local_run_gives(env, cache, local):
+    """gs:// through a real GCS JSON-API server (gcp-storage-emulator), reached as Google's libraries reach one:
+    STORAGE_EMULATOR_HOST. The outputs equal the local run's; the state folder is the emulator's own."""
+    gcs = GcsServer()
+    try:
+        for bucket in ("corpus", "results"):
+            gcs.bucket(bucket)
+        for key, data in DOCS.items():
+            gcs.put("corpus", f"docs/{key}", data)
+        gcs_env = {**env, "STORAGE_EMULATOR_HOST": gcs.url}
+        done = _batch(gcs_env, "gs://corpus/docs/", "--output", "gs://results/run/")
+        assert done.returncode == 0, done.stderr
+        stored = _stored(gcs, "results", "run/")
+        assert _texts(stored) == WORDS
+        reference = {p.name: json.loads(p.read_text()) for p in local.glob("*.json") if p.name != "summary.json"}
+        assert _by_stem(stored) == _by_stem(reference)
+        summary = gcs.json("results", "run/summary.json")
+        assert summary["documents"] == {"total": 3, "done": 3, "failed": 0, "resumed": 0}
+        assert Path(summary["state"]).is_relative_to(cache / "hyocr" / "batch")
+        again = _batch(gcs_env, "gs://corpus/docs/", "--output", "gs://results/run/")
+        assert again.returncode == 0, again.stderr
+        assert gcs.json("results", "run/summary.json")["documents"]["resumed"] == 3
+    finally:
+        gcs.stop()
 
 
 def test_a_bucket_that_refuses_writes_fails_each_document_and_loses_nothing(s3, env, local, tmp_path):

@@ -83,3 +83,22 @@ def test_pages_over_documents_of_several_lengths_reads_what_each_has(docs, tmp_p
         one = json.loads((tmp_path / f"{where}-2" / items["one.pdf"]["output"]).read_text())
         assert [p["index"] for p in one["pages"]] == [0] and one["note"] == note
         assert "1 with fewer pages than --pages" in again.stderr
+
+
+def test_a_server_that_refuses_the_key_stops_the_run_and_spends_no_attempt(docs, tmp_path, fake_server_factory):
+    """A missing or wrong API key is the run's problem, not each document's: one message that names the fix,
+    exit 3, every document pending; the same command with the key reads them all on their first attempt."""
+    server = fake_server_factory(api_keys="k-batch")
+    out = tmp_path / "out"
+    for key in ([], ["--api-key", "wrong"]):
+        refused = _batch(str(docs), "-o", str(out), "--url", server.url, "--max-retries", "0", *key)
+        assert refused.returncode == 3, refused.stderr
+        said = [line for line in refused.stderr.splitlines() if line.startswith("hyocr:")]
+        assert len(said) == 1 and "refused this caller" in said[0] and "--api-key" in said[0], refused.stderr
+        assert "401" in said[0] and "no attempt spent" in said[0]
+        s = _summary(out)
+        assert s["stopped"]["reason"] == "server_refused" and s["documents"]["failed"] == 0
+        assert {i["status"] for i in s["items"]} == {"pending"}
+    done = _batch(str(docs), "-o", str(out), "--url", server.url, "--max-retries", "0", "--api-key", "k-batch")
+    assert done.returncode == 0, done.stderr
+    assert [r["attempts"] for r in _states(out) if r["status"] == "done"] == [1, 1, 1]

@@ -105,6 +105,10 @@ def test_the_same_images_against_a_wrong_truth_score_poorly(labelled, good):
     assert compared.returncode == 0, compared.stderr
     text = (labelled / "compare.md").read_text()
     assert "in-process (baseline)" in text and "The sets differ" in text and "(worse)" in text
+    # the README's spelling: --markdown names the comparison's file as well
+    compared = _eval("compare", str(good), str(out), "--markdown", str(labelled / "compare-2.md"))
+    assert compared.returncode == 0, compared.stderr
+    assert (labelled / "compare-2.md").read_text() == text
 
 
 def test_pdf_text_layer_is_the_reference(tmp_path):
@@ -145,11 +149,15 @@ def test_an_omnidocbench_folder(tmp_path):
 def test_through_a_live_server(labelled, good, tmp_path):
     from servers import serve_process
 
-    proc, url = serve_process(env={"HYOCR_DATA_DIR": str(tmp_path / "data"), "HYOCR_UI": "false"})
+    proc, url = serve_process(env={"HYOCR_DATA_DIR": str(tmp_path / "data"), "HYOCR_UI": "false",
+                                   "HYOCR_API_KEYS": "k-eval"})
     try:
         out = tmp_path / "remote.json"
+        refused = _eval(str(labelled / "good.jsonl"), "--output", str(tmp_path / "nokey.json"), "--url", url)
+        assert refused.returncode != 0 and "401" in refused.stderr + refused.stdout, refused.stderr
+        assert "Traceback" not in refused.stderr
         done = _eval(str(labelled / "good.jsonl"), "--output", str(out), "--url", url, "--poll", "0.2",
-                     "--label", "server")
+                     "--label", "server", "--api-key", "k-eval")
         assert done.returncode == 0, done.stderr
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -12,8 +12,8 @@ runs the plan. With ``--ray`` the plan runs as a Ray Data pipeline (hyocr/ray/da
 outputs, state lines and summary, so either resumes the other's work.
 
 Exit status: 0 every document done, 1 some failed (or left pending), 2 nothing could start (a bad INPUT,
-manifest line, ``--pages``, task or URI; DIR busy), 3 the server (``--url``) could not be reached: the
-documents not read are pending, no attempt spent; 130 interrupted (Ctrl-C): the summary is written, a rerun
+manifest line, ``--pages``, task or URI; DIR busy), 3 the server (``--url``) could not be reached or refused the
+caller (401/403: the API key): the documents not read are pending, no attempt spent; 130 interrupted (Ctrl-C): the summary is written, a rerun
 resumes.
 """
 
@@ -128,6 +128,11 @@ def _report(summary: dict[str, Any], batch: Batch, output: Output, table: str | 
     if stopped.get("reason") == "server_unreachable":
         print(f"hyocr: the server at {url} cannot be reached ({stopped['message']}): {pending} document(s) "
               "left pending, no attempt spent; run again once it answers", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if stopped.get("reason") == "server_refused":
+        print(f"hyocr: the server at {url} refused this caller ({stopped['message']}): give the API key with "
+              f"--api-key or HYOCR_CLIENT_API_KEY; {pending} document(s) left pending, no attempt spent",
+              file=sys.stderr)
         return EXIT_UNREACHABLE
     return 1 if counts["failed"] or counts["done"] < counts["total"] or unwritten else 0
 

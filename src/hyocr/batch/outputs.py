@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..pipeline.objects import ObjectStore, ObjectUri, ObjectWriteError, is_object_uri
+from ..pipeline.objects import ObjectStore, ObjectUri, ObjectWriteError, is_object_uri, store_endpoint
 from .plan import PlanError
 from .sources import Sources, is_uri, local_path, redacted
 from .state import TEMP_PREFIX, write_atomic
@@ -63,7 +63,7 @@ def open_output(given: str, state_dir: Path | None, sources: Sources) -> Output:
             prefix = sources.store.checked(given, param="--output", prefix=True)
         except HyocrError as exc:
             raise PlanError(f"--output {redacted(given)}: {exc.message}") from None
-        state_dir = state_dir or default_state_dir(prefix, sources.policy.endpoint)
+        state_dir = state_dir or default_state_dir(prefix, store_endpoint(prefix.scheme, sources.policy))
         return ObjectOutput(sources.store, prefix, state_dir)
     if given[:7].lower() == "file://":
         try:

@@ -20,8 +20,12 @@ class ReadFailed(Exception):
 
 
 class ServerUnreachable(Exception):
-    """``--url``: the server could not be reached, or could not take work. Not the document's failure: it
-    stays pending (no attempt spent) and the run stops."""
+    """``--url``: the server could not be reached, could not take work, or refused the caller (401/403: the API
+    key). Not the document's failure: it stays pending (no attempt spent) and the run stops."""
+
+    def __init__(self, message: str, reason: str = "server_unreachable") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +204,8 @@ class RemoteReader:
         except HyocrClientError as exc:
             if unreachable(exc):
                 raise ServerUnreachable(str(exc)) from None
+            if refused(exc):
+                raise ServerUnreachable(str(exc), "server_refused") from None
             raise ReadFailed(str(exc)) from None
         return {**body, "note": note} if note else body
 
@@ -216,6 +222,14 @@ class RemoteReader:
             raise ReadFailed(_public(exc)) from None
         sent["pages"] = spec_of(pages)
         return note
+
+
+def refused(exc: Exception) -> bool:
+    """The server refused the caller, not the document: a missing or wrong API key (401), a caller it does not
+    let in (403: an IP allowlist). Every other document would get the same answer."""
+    from ..client import HyocrClientError
+
+    return isinstance(exc, HyocrClientError) and getattr(exc, "status", None) in (401, 403)
 
 
 def unreachable(exc: Exception) -> bool:

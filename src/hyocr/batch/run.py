@@ -161,7 +161,7 @@ class Batch:
         except ReadFailed as exc:
             return self.failed(attempt, state, str(exc))
         except ServerUnreachable as exc:
-            return self.stop("server_unreachable", str(exc))
+            return self.stop(exc.reason, str(exc))
         await self.written(attempt, state, body)
 
     def unreadable(self, doc: Document, exc: OSError) -> None:

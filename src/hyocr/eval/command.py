@@ -26,7 +26,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("set", metavar="SET", help="what to evaluate (or 'compare', then the reports)")
     p.add_argument("reports", nargs="*", metavar="REPORT.json", help="compare: the reports, baseline first")
     p.add_argument("--output", "-o", metavar="PATH",
-                   help="the JSON report (required); compare: the markdown comparison")
+                   help="the JSON report (required); compare: the markdown comparison (as --markdown)")
     p.add_argument("--markdown", metavar="PATH", help="also write the report as markdown")
     p.add_argument("--plot", metavar="PATH", help="scores and pages/s as a PNG (extra bench)")
     p.add_argument("--truth", choices=TRUTHS, help="what SET is (default: told by it); pdf-text: PDFs whose "
@@ -172,12 +172,13 @@ def compare_main(args: argparse.Namespace) -> int:
 
     if len(args.reports) < 2:
         raise EvalError("compare needs at least two reports (the first is the baseline)")
-    _check_destinations(args.output, args.plot)
+    _check_destinations(args.output, args.markdown, args.plot)
     if args.plot:
         plot.require_matplotlib()
     runs = compare.load_runs(args.reports)
     text = compare.markdown(runs)
-    report.write_text(args.output, text)
+    for path in {args.output, args.markdown} - {None}:  # the comparison is markdown: either flag names its file
+        report.write_text(path, text)
     if args.plot:
         plot.plot([(run.name, run.doc) for run in runs], args.plot)
     print(text)

@@ -83,12 +83,27 @@ def target_of(job: Job) -> dict[str, Any]:
     if job.url:
         from ..bench.report import server_info
 
-        info = server_info(job.url.rstrip("/"), {"Authorization": f"Bearer {job.api_key}"} if job.api_key else None)
+        headers = {"Authorization": f"Bearer {job.api_key}"} if job.api_key else None
+        info = server_info(job.url.rstrip("/"), headers)
         if not info:
-            raise EvalError(f"{job.url}: no hyocr server answers at /v1/models")
+            raise EvalError(_unanswered(job.url.rstrip("/"), headers, job.api_key))
         return {"url": job.url.rstrip("/"), "engine": info.get("engine"), "model": info.get("model"),
                 "revision": info.get("revision")}
     return {"settings": report.reading_settings(job.settings)}
+
+
+def _unanswered(url: str, headers: dict[str, str] | None, api_key: str | None) -> str:
+    """Why /v1/models gave no engine: the key (401/403 say so plainly), or no hyocr server there."""
+    import httpx
+
+    try:
+        status = httpx.get(f"{url}/v1/models", timeout=10, headers=headers).status_code
+    except httpx.HTTPError as exc:
+        return f"{url}: no server answers ({type(exc).__name__})"
+    if status in (401, 403):
+        return (f"{url}: the server refused {'the API key' if api_key else 'a request without an API key'} "
+                f"({status}): give --api-key or HYOCR_CLIENT_API_KEY")
+    return f"{url}: no hyocr server answers at /v1/models ({status})"
 
 
 def claim_reads(reads: Path, target: Mapping[str, Any]) -> None:

@@ -338,11 +338,38 @@ def _bucket_region(bucket: str) -> str:
                                  code="object_store_unavailable") from None
 
 
+# How long GCS calls retry before the error is the document's (google-cloud-cpp's own default is 15 minutes of
+# retries: a store that is down would hold a job's range, or a batch, for that long).
+GCS_RETRY_SECONDS = 30
+# Google's client libraries' variable for a GCS emulator (host:port or http(s)://host:port); where set, GCS is
+# reached there without credentials, as those libraries do. S3-compatible stores use OBJECT_STORE_ENDPOINT.
+GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+
+
+def store_endpoint(scheme: str, policy: ObjectPolicy) -> str | None:
+    """Where a scheme's objects are reached when not at the cloud's own service: OBJECT_STORE_ENDPOINT for s3://,
+    the emulator for gs:// (one bucket name on two stores is two buckets)."""
+    if scheme == "gs":
+        return os.environ.get(GCS_EMULATOR_ENV, "").strip() or None
+    return policy.endpoint
+
+
+def _gcs_options() -> dict[str, Any]:
+    import datetime
+
+    options: dict[str, Any] = {"retry_time_limit": datetime.timedelta(seconds=GCS_RETRY_SECONDS)}
+    emulator = os.environ.get(GCS_EMULATOR_ENV, "").strip().rstrip("/")
+    if emulator:
+        how, _, where = emulator.rpartition("://")
+        options.update(anonymous=True, endpoint_override=where, scheme=how or "http")
+    return options
+
+
 def _make_filesystem(scheme: str, policy: ObjectPolicy, region: str | None = None) -> Any:
     pafs = _pafs()
     try:
         if scheme == "gs":
-            return pafs.GcsFileSystem()
+            return pafs.GcsFileSystem(**_gcs_options())
         # the region, like the credentials, from the environment (AWS_REGION, AWS_DEFAULT_REGION, ~/.aws), or
         # the bucket's own as AWS answers it
         options: dict[str, Any] = {"allow_bucket_creation": False, "allow_bucket_deletion": False}
