@@ -52,6 +52,10 @@ def test_ocr_command_errors_are_one_line_and_exit_nonzero(tmp_path):
     assert done.returncode == 1
     assert "not a recognised image" in done.stderr and "No such file" in done.stderr
     assert "Traceback" not in done.stderr
+    named = tmp_path / "scan.pdf"  # not a PDF inside: the message names PDF among what is read
+    named.write_text("not a pdf")
+    done = _run("ocr", str(named))
+    assert done.returncode == 1 and "not a recognised image or PDF" in done.stderr and "PDF)" in done.stderr
     unsupported = _run("ocr", str(bad), "--task", "document")
     assert unsupported.returncode == 1 and "vision-language engine" in unsupported.stderr
 

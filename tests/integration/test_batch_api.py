@@ -212,3 +212,31 @@ def test_openais_documented_curl_calls(rapid, tmp_path):
     ended = curl(f"{rapid.url}/v1/batches/{batch['id']}/cancel", "-H", "Content-Type: application/json",
                  "-X", "POST")
     assert ended["status"] == "completed"  # an ended batch is not cancelled
+
+
+def test_files_batches_and_their_outputs_are_deleted_past_their_retention():
+    """JOB_RETENTION holds for the Batch API's objects as for jobs: the input file (from its upload), the batch
+    and its output file (from its end) answer 404 once their time is past and the sweep has run."""
+    server = LiveServer(load_settings(engine="fake", ui=False, job_retention=4)).start()
+    try:
+        client = _client(server, key="-")
+        lines = [{"custom_id": f"l{n}", "method": "POST", "url": "/v1/ocr", "body": {"image": _b64(_card("A1"))}}
+                 for n in range(2)]
+        uploaded = client.files.create(file=("in.jsonl", _jsonl(lines)), purpose="batch")
+        kept = client.files.create(file=("kept.jsonl", _jsonl(lines)), purpose="batch",
+                                   extra_body={"expires_after": {"anchor": "created_at", "seconds": 3600}})
+        done = _until_ended(client, client.batches.create(input_file_id=uploaded.id, endpoint="/v1/ocr",
+                                                          completion_window="24h").id, timeout=60)
+        assert done.status == "completed" and done.request_counts.completed == 2
+        assert client.files.retrieve(done.output_file_id).id == done.output_file_id
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            answers = [requests.get(f"{server.url}/v1/{path}", timeout=10).status_code for path in (
+                f"files/{uploaded.id}", f"batches/{done.id}", f"files/{done.output_file_id}")]
+            if answers == [404, 404, 404]:
+                break
+            time.sleep(0.5)
+        assert answers == [404, 404, 404]
+        assert client.files.retrieve(kept.id).id == kept.id  # its own expires_after: an hour
+    finally:
+        server.stop()
