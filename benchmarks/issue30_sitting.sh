@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Issue 30's measurement, one device sitting, started in the background so that it outlives one 10-minute call:
-#   source .stage/c2/install.sh && setsid nohup bash benchmarks/issue30_sitting.sh /tmp/s15 > /tmp/s15.log 2>&1 &
-# then poll /tmp/s15.log; tar /tmp/s15 into $OUT at the end. Every target through benchmarks/cores_gpu.py (one
+# Issue 30's measurement, one device sitting, started in the background so that it outlives one 10-minute call.
+# Build the bundle (DEVICE.md, with the NOTES list of hyocr's own packages) and .stage/c3 (vllm serve's wheels),
+# then, back to back (the machine goes back after 30 s idle):
+#   run 1, carry [.stage/c1]:           mkdir -p /tmp/stage && cp .stage/c1/* /tmp/stage/
+#   run 2, carry [.stage/c2, .stage/c3]: source .stage/c2/install.sh || exit 9; cp -r .stage/c3 /tmp/c3;
+#        (C3=/tmp/c3 setsid nohup bash benchmarks/issue30_sitting.sh /tmp/s15 > /tmp/s15.log 2>&1 &);
+#        sleep 560; cat /tmp/s15/sitting.txt; tar czf $OUT/s15.tgz -C /tmp s15 s15.log
+#   run 3.., no carry:                  sleep 560; cat /tmp/s15/sitting.txt; tar czf $OUT/s15.tgz -C /tmp s15 s15.log
+# (the tar in every call: a sitting cut short still brings back what it measured). Every target through benchmarks/cores_gpu.py (one
 # bench call per level, GPU busy and each process's CPU recorded), HunyuanOCR 1.0 architecture, random weights.
 # Order = priority (a sitting cut short keeps the first): the V2 model runner against V1 on one core (c=1 and
 # throughput), the best runner with three API processes each owning one of three cores (the cards target),
