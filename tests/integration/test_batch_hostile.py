@@ -88,6 +88,7 @@ def test_bad_lines_are_error_lines_and_the_good_ones_are_answered(server):
         json.dumps({**good, "custom_id": "s3-off", "body": {"image": "s3://corpus/a.png"}}),
         json.dumps({**good, "custom_id": "streamed", "body": {"image": PNG, "stream": True}}),
         json.dumps({**good, "custom_id": "huge", "body": {"image": "A" * 2_000_000}}),  # past the line cap
+        '{"custom_id": "deep", "method": "POST", "url": "/v1/ocr", "body": ' + "[" * 10_000 + "]" * 10_000 + "}",
         json.dumps({**good, "custom_id": "engine-fails", "body": {"image": PNG, "task": "vqa",
                                                                   "question": "[[fake:fail]]"}}),
         json.dumps({**good, "custom_id": "nul\u0000id"}),
@@ -100,14 +101,17 @@ def test_bad_lines_are_error_lines_and_the_good_ones_are_answered(server):
     file_id = _upload(server.url, "\n".join(lines).encode()).json()["id"]
     batch = _ended(server.url, _create(server.url, file_id).json()["id"])
     assert batch["status"] == "completed", batch
-    assert batch["request_counts"] == {"total": 19, "completed": 2, "failed": 17}  # blank lines are no requests
+    assert batch["request_counts"] == {"total": 20, "completed": 2, "failed": 18}  # blank lines are no requests
     output, errors = _content(server.url, batch["output_file_id"]), _content(server.url, batch["error_file_id"])
     assert [line["custom_id"] for line in output] == ["good", "last"]
     by_id = {line["custom_id"]: line for line in errors}
-    assert len(errors) == 17 and sum(1 for line in errors if line["custom_id"] is None) == 5
+    assert len(errors) == 18 and sum(1 for line in errors if line["custom_id"] is None) == 4
     nameless = sorted(line["error"]["code"] for line in errors if line["custom_id"] is None)
-    assert nameless == ["invalid_json_line", "line_too_large", "missing_custom_id", "missing_custom_id",
+    assert nameless == ["invalid_json_line", "missing_custom_id", "missing_custom_id",
                         "missing_custom_id"]  # no custom_id, a NUL in one, a lone surrogate in one
+    # lines that do not parse keep the custom_id their start names plainly
+    assert by_id["huge"]["error"]["code"] == "line_too_large"
+    assert by_id["deep"]["error"] == {"code": "invalid_json_line", "message": "line 15 nests too deeply"}
     assert by_id["surrogate-body"]["response"]["status_code"] == 400  # the route's own answer to that body
     for custom_id, code in (("get", "invalid_method"), ("embeddings", "invalid_url"), ("chat-url", "invalid_url"),
                             ("no-body", "invalid_body")):
@@ -128,6 +132,26 @@ def test_bad_lines_are_error_lines_and_the_good_ones_are_answered(server):
     online = requests.post(f"{server.url}/v1/ocr", json={"image": PNG, "task": "nope"}, headers=ALICE, timeout=30)
     assert by_id["bad-task"]["response"]["body"]["error"] == online.json()["error"]
     assert "internal error" in by_id["engine-fails"]["error"]["message"]  # tried JOB_MAX_ATTEMPTS times, then this
+
+
+def test_an_input_file_deleted_while_its_batch_reads_it_loses_no_line(server):
+    """DELETE /v1/files/{id} right after the batch is created (found by a hostile client: the batch used to end
+    'completed' with the lines read so far, the rest gone without a trace). Now the batch runs every line of
+    the file it was created on, or, if the delete came first, fails with file_not_found: never fewer lines."""
+    pad = "x" * 40_000
+    lines = [json.dumps({"custom_id": f"v{n}", "method": "GET", "url": "/v1/ocr", "body": {"pad": pad}})
+             for n in range(300)]  # 12 MB, three file parts; each line an error line (no engine time)
+    file_id = _upload(server.url, "\n".join(lines).encode()).json()["id"]
+    batch = _create(server.url, file_id).json()
+    assert requests.delete(f"{server.url}/v1/files/{file_id}", headers=ALICE, timeout=30).status_code == 200
+    batch = _ended(server.url, batch["id"])
+    if batch["status"] == "failed":
+        assert batch["errors"]["data"][0]["code"] == "file_not_found", batch
+    else:
+        assert batch["request_counts"] == {"total": 300, "completed": 0, "failed": 300}, batch
+        assert [line["custom_id"] for line in _content(server.url, batch["error_file_id"])] == [
+            f"v{n}" for n in range(300)]
+    assert requests.get(f"{server.url}/v1/files/{file_id}", headers=ALICE, timeout=30).status_code == 404
 
 
 def test_a_file_that_cannot_be_a_batch_fails_it_with_openais_errors(server):

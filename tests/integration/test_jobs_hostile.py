@@ -228,3 +228,22 @@ def test_a_callback_host_that_never_resolves_is_refused_in_seconds(fake_server_f
     assert r.json()["error"]["param"] == "callback_url" and "resolve" in r.json()["error"]["message"]
     assert time.monotonic() - started < 30
     assert requests.get(f"{server.url}/v1/jobs", timeout=10).json()["data"] == []
+
+
+@pytest.mark.parametrize("route", ["/v1/jobs", "/v1/ocr"])
+@pytest.mark.parametrize("field", ["callback_headers", "schema"])
+def test_json_form_fields_nested_past_the_interpreters_depth_are_a_400(fake_server_factory, route, field):
+    """A multipart field that holds JSON, nested 100,000 deep: Python's parser raises RecursionError, which
+    was a 500 with a traceback for callback_headers (found by a hostile client)."""
+    server = fake_server_factory()
+    deep = "[" * 100_000 + "]" * 100_000
+    form = {field: deep, "callback_url": "https://example.com/hook"} if field == "callback_headers" else {
+        field: deep}
+    r = requests.post(f"{server.url}{route}", files={"file": ("a.png", _png(), "image/png")}, data=form,
+                      timeout=30)
+    if route == "/v1/ocr" and field == "callback_headers":  # not a field of /v1/ocr: refused by name
+        assert r.status_code == 400, r.text
+        return
+    _is_error(r, 400)
+    assert r.json()["error"]["param"] == field
+    assert requests.get(f"{server.url}/health", timeout=10).status_code == 200

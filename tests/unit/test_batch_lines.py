@@ -11,7 +11,7 @@ import pytest
 
 from hyocr.errors import InvalidRequest
 from hyocr.jobs.batch_runner import Answered, output_line
-from hyocr.jobs.batches import parse_line, split_lines
+from hyocr.jobs.batches import TooLong, parse_line, split_lines
 from hyocr.jobs.exports import MANIFEST, object_name
 from hyocr.jobs.files import LineCounter
 from hyocr.pipeline.objects import ObjectPolicy, parse_object_uri, refuse_credentials
@@ -23,8 +23,9 @@ async def _pieces(data: bytes, size: int):
 
 
 def _split(data: bytes, max_bytes: int, size: int) -> list:
-    async def collect():
-        return [item async for item in split_lines(_pieces(data, size), max_bytes)]
+    async def collect():  # a line past the cap as None here (its head: test_a_long_line_keeps_its_head)
+        return [(n, None if isinstance(raw, TooLong) else raw)
+                async for n, raw in split_lines(_pieces(data, size), max_bytes)]
 
     return asyncio.run(collect())
 
@@ -41,6 +42,17 @@ def test_a_line_past_the_cap_is_not_kept_and_the_next_one_is_read(size):
     assert _split(data, 10, size) == [(1, None), (2, b"ok"), (3, None)]
 
 
+@pytest.mark.parametrize("size", [1, 7, 5000])
+def test_a_long_line_keeps_its_head_for_its_custom_id(size):
+    line = b'{"custom_id": "scan-1", "body": {"image": "' + b"A" * 5000 + b'"}}'
+    async def collect():
+        return [item async for item in split_lines(_pieces(line + b"\nok\n", size), 2000)]
+
+    (n, head), (m, ok) = asyncio.run(collect())
+    assert (n, m, ok) == (1, 2, b"ok") and isinstance(head, TooLong) and head == line[:1024]
+    assert parse_line(1, head, "/v1/ocr", 2000).custom_id == "scan-1"
+
+
 def test_line_counter_counts_non_blank_lines_across_pieces():
     for size in (1, 3, 100):
         counter = LineCounter()
@@ -54,7 +66,10 @@ GOOD = {"custom_id": "r1", "method": "POST", "url": "/v1/ocr", "body": {"image":
 
 
 @pytest.mark.parametrize(("raw", "code", "custom_id"), [
-    (None, "line_too_large", None),
+    (TooLong(b'{"image": "AAAA'), "line_too_large", None),
+    (TooLong(b'{"custom_id": "big-\\u00e9", "body": {"image": "AAAA'), "line_too_large", "big-\u00e9"),
+    (b'{"custom_id": "deep", "body": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "invalid_json_line", "deep"),
+    (b'{"custom_id": "int", "n": ' + b"9" * 5000 + b"}", "invalid_json_line", "int"),
     (b"{not json", "invalid_json_line", None),
     (b"\xff\xfe", "invalid_json_line", None),
     (b"[1, 2]", "invalid_json_line", None),

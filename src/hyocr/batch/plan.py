@@ -210,6 +210,8 @@ def _manifest(manifest: Path, sources: Sources, within: tuple[Path, ...] = ()) -
                 entry = json.loads(line)
             except ValueError as exc:
                 raise PlanError(f"{where}: not JSON ({shown(str(exc))})") from None
+            except RecursionError:
+                raise PlanError(f"{where}: not JSON (nested too deeply)") from None
             if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not entry["path"]:
                 raise PlanError(f'{where}: expected an object with "path" (a file, folder, glob or URI)')
             if unknown := set(entry) - {"path", *OPTION_KEYS}:

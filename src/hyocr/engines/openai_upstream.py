@@ -232,7 +232,12 @@ class OpenAIUpstreamEngine(Engine):
             if data == "[DONE]":
                 done = True
                 break
-            event = json.loads(data)
+            try:
+                event = json.loads(data)
+            except (ValueError, RecursionError):
+                raise EngineError("the upstream sent an event that is not JSON") from None
+            if not isinstance(event, dict):
+                raise EngineError("the upstream sent an event that is not a JSON object")
             if "error" in event:
                 raise EngineError(f"upstream error mid-stream: {_error_message_obj(event)}")
             usage = event.get("usage")

@@ -13,6 +13,7 @@ runs, by the online route's own models, so its error line carries the message th
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -56,15 +57,18 @@ def line_max_bytes(settings) -> int:
     return min(settings.max_body_bytes, -(-settings.max_image_bytes // 3) * 4 + 1024**2)
 
 
-def parse_line(n: int, raw: bytes | None, endpoint: str, max_line_bytes: int = 0) -> Line:
-    """A line of the input file (``raw`` None: it was longer than the cap) as a request or an error."""
-    if raw is None:
+def parse_line(n: int, raw: bytes, endpoint: str, max_line_bytes: int = 0) -> Line:
+    """A line of the input file (``TooLong``: it was longer than the cap) as a request or an error."""
+    if isinstance(raw, TooLong):
         why = f"line {n} is longer than {max_line_bytes} bytes (a MAX_IMAGE_BYTES image as base64 and 1 MiB)"
-        return Line(n, None, error=("line_too_large", why, None))
+        return Line(n, _custom_id_in(raw), error=("line_too_large", why, None))
     try:
         item = json.loads(raw)
-    except ValueError:  # UnicodeDecodeError included
-        return Line(n, None, error=("invalid_json_line", f"line {n} is not valid JSON", None))
+    except RecursionError:
+        return Line(n, _custom_id_in(raw), error=("invalid_json_line", f"line {n} nests too deeply", None))
+    except ValueError as exc:  # UnicodeDecodeError included
+        why = f"line {n} is not valid JSON" + (" (an integer over 4300 digits)" if "digits" in str(exc) else "")
+        return Line(n, _custom_id_in(raw), error=("invalid_json_line", why, None))
     if not isinstance(item, dict):
         return Line(n, None, error=("invalid_json_line", f"line {n} is not a JSON object", None))
     custom_id = item.get("custom_id")
@@ -84,6 +88,22 @@ def parse_line(n: int, raw: bytes | None, endpoint: str, max_line_bytes: int = 0
     return Line(n, custom_id, json.dumps(body, separators=(",", ":")).encode())
 
 
+_CUSTOM_ID = re.compile(rb'"custom_id"\s*:\s*"((?:[^"\\\x00-\x1f]|\\.){1,%d})"' % MAX_CUSTOM_ID)
+
+
+def _custom_id_in(raw: bytes) -> str | None:
+    """The custom_id of a line that does not parse, where its first KiB names one plainly (as its answer's
+    key, so the caller can match the error line back); None otherwise."""
+    found = _CUSTOM_ID.search(raw[:HEAD_BYTES])
+    if found is None:
+        return None
+    try:
+        value = json.loads(b'"' + found.group(1) + b'"')
+    except ValueError:
+        return None
+    return value if _is_custom_id(value) else None
+
+
 def _is_custom_id(value: object) -> bool:
     """A string of 1 to MAX_CUSTOM_ID printable characters that UTF-8 can hold: it names the line in the
     output files, object keys and the database (PostgreSQL text holds no NUL)."""
@@ -96,14 +116,21 @@ def _is_custom_id(value: object) -> bool:
     return True
 
 
-async def split_lines(parts: AsyncIterator[bytes], max_bytes: int) -> AsyncIterator[tuple[int, bytes | None]]:
-    """(line number from 1, its bytes) of every non-blank line of ``parts``; None for a line longer than
-    ``max_bytes``, whose bytes are skipped, not kept."""
-    n, held, too_long = 0, bytearray(), False
+class TooLong(bytes):
+    """The first KiB of an input line longer than the cap, the rest skipped: only its custom_id is looked for."""
 
-    def done() -> tuple[int, bytes | None] | None:
+
+HEAD_BYTES = 1024
+
+
+async def split_lines(parts: AsyncIterator[bytes], max_bytes: int) -> AsyncIterator[tuple[int, bytes]]:
+    """(line number from 1, its bytes) of every non-blank line of ``parts``; a line longer than ``max_bytes``
+    comes as ``TooLong`` (its first KiB), the rest of its bytes skipped, not kept."""
+    n, held, too_long, head = 0, bytearray(), False, b""
+
+    def done() -> tuple[int, bytes] | None:
         if too_long:
-            return n, None
+            return n, TooLong(head or held[:HEAD_BYTES])
         line = bytes(held).rstrip(b"\r")
         return (n, line) if line.strip() else None
 
@@ -117,12 +144,12 @@ async def split_lines(parts: AsyncIterator[bytes], max_bytes: int) -> AsyncItera
             if (item := done()) is not None:
                 yield item
             held.clear()
-            too_long = False
+            too_long, head = False, b""
             start = end + 1
         if not too_long:
             held += data[start:]
             if len(held) > max_bytes:
-                too_long = True
+                too_long, head = True, bytes(held[:HEAD_BYTES])
                 held.clear()
     if held or too_long:
         n += 1

@@ -7,7 +7,8 @@ A file belongs to its caller (another gets 404), counts against JOB_MAX_STORED_B
 their own, apart from its jobs' documents), and expires like a job's results (JOB_RETENTION after it was
 made, or the ``expires_after`` the upload asked for). A file is
 visible only once all its parts are stored: an upload cut by a crash leaves an incomplete row the sweep
-removes.
+removes. A deleted file is gone at once for every route, but its parts stay for ``DELETE_GRACE`` seconds: a
+download or a batch's validation that began before the delete reads the whole file, never a shorter one.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from .schema import file_parts, files
 PART = 4 * 1024 * 1024
 PURPOSES = ("batch",)  # what a caller may upload; a batch's own files are "batch_output"
 ABANDONED = 3600.0  # seconds after which an upload that never completed is swept
+DELETE_GRACE = 600.0  # seconds a deleted file's parts outlive it, for the reads that began before the delete
+DELETED = 2  # ``complete`` of a deleted file: hidden, swept after DELETE_GRACE
 # What this server's file ids look like: anything else is no file of ours, answered before the database sees
 # it (a NUL in an id would be a PostgreSQL error, not a 404).
 FILE_ID = re.compile(r"file-[0-9a-f]{32}")
@@ -133,16 +136,23 @@ class FileStore:
         return _record(row) if row else None
 
     async def parts(self, file_id: str) -> AsyncIterator[bytes]:
-        """The file's bytes, a part at a time (each part its own short query)."""
-        n = 0
-        while True:
+        """The file's bytes, a part at a time (each part its own short query); NotFound if a part is gone
+        before its size is read (swept under a read that outlasted DELETE_GRACE): never a shorter file."""
+        async with self.engine.connect() as db:
+            size = await db.scalar(select(files.c.bytes).where(files.c.id == file_id))
+        n = read = 0
+        while size is not None and read < size:
             async with self.engine.connect() as db:
                 data = await db.scalar(select(file_parts.c.data).where(file_parts.c.file_id == file_id,
                                                                        file_parts.c.n == n))
             if data is None:
-                return
+                break
+            read += len(data)
             yield bytes(data)
             n += 1
+        if size is None or read < size:
+            raise NotFound(f"file {file_id} was deleted while it was read", param="input_file_id",
+                           code="file_not_found")
 
     async def list(self, owner: str, *, limit: int, after: str | None, order: str, purpose: str | None
                    ) -> tuple[list[FileRecord], bool]:
@@ -166,19 +176,18 @@ class FileStore:
     async def stored(self, owner: str) -> int:
         async with self.engine.connect() as db:
             return int(await db.scalar(select(func.coalesce(func.sum(files.c.bytes), 0)).where(
-                files.c.owner == owner)) or 0)
+                files.c.owner == owner, files.c.complete != DELETED)) or 0)
 
     # ------------------------------------------------------------------ deleting
 
     async def delete(self, owner: str, file_id: str) -> bool:
         if not FILE_ID.fullmatch(file_id):
             return False
-        async with self.engine.connect() as db:
-            found = await db.scalar(select(files.c.id).where(files.c.id == file_id, files.c.owner == owner,
-                                                             files.c.complete == 1))
-        if found:
-            await self._drop(file_id)
-        return bool(found)
+        async with self.engine.begin() as db:
+            found = await db.execute(update(files).where(files.c.id == file_id, files.c.owner == owner,
+                                                         files.c.complete == 1)
+                                     .values(complete=DELETED, expires_at=time.time() + DELETE_GRACE))
+        return found.rowcount == 1
 
     async def sweep(self, now: float) -> int:
         """Delete files past their expiry, and uploads a crash left incomplete."""

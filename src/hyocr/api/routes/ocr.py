@@ -101,7 +101,7 @@ async def read_body(request: Request, model: type[OcrJsonRequest] = OcrJsonReque
 def _json_field(key: str, text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the interpreter's depth
         raise InvalidRequest(f"{key}: expected JSON text (an object)", param=key) from None
 
 
