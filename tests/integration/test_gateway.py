@@ -41,6 +41,12 @@ def test_api_keys_guard_every_route_but_health(fake_server_factory):
     assert _ocr(server, {"Authorization": "Bearer k-two"}).status_code == 200
     assert _ocr(server, {"X-API-Key": "k-one"}).status_code == 200
     assert requests.get(f"{server.url}/v1/models", headers={"Authorization": "Bearer k-one"}, timeout=5).ok
+    # two credentials that differ: whose request it is is not guessed (a wrong one beside a right one was
+    # ignored, and two right ones acted as X-API-Key's caller)
+    assert _ocr(server, {"X-API-Key": "k-one", "Authorization": "Bearer k-one"}).status_code == 200
+    for other in ("Bearer wrong", "Bearer k-two", "Basic " + base64.b64encode(b"ui:k-two").decode()):
+        r = _ocr(server, {"X-API-Key": "k-one", "Authorization": other})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "conflicting_credentials", r.text
 
 
 def test_jwt_tokens_are_verified(fake_server_factory):

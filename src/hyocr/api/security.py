@@ -163,14 +163,19 @@ class Authenticator:
         headers = dict(scope["headers"])
         auth = headers.get(b"authorization", b"").decode("latin-1").strip()
         scheme, _, value = auth.partition(" ")
-        presented = headers.get(b"x-api-key", b"").decode("latin-1").strip()
+        header_key = headers.get(b"x-api-key", b"").decode("latin-1").strip()
+        from_auth = ""
         if scheme.lower() == "bearer":
-            presented = presented or value.strip()
+            from_auth = value.strip()
         elif scheme.lower() == "basic":  # the web UI: the browser's login prompt, key as password
             try:
-                presented = base64.b64decode(value).decode().partition(":")[2]
+                from_auth = base64.b64decode(value).decode().partition(":")[2]
             except ValueError:
-                presented = ""
+                from_auth = ""
+        if header_key and from_auth and header_key != from_auth:  # whose request is it? neither is guessed
+            raise AuthError(401, "two different credentials (X-API-Key and Authorization): send one",
+                            "conflicting_credentials")
+        presented = header_key or from_auth
         if not presented:
             raise AuthError(401, "missing credentials: send Authorization: Bearer <key or token>", "missing_api_key")
         if self.policy.api_key_digests and self.check_key(presented):
