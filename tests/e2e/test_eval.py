@@ -126,6 +126,7 @@ def test_pdf_text_layer_is_the_reference(tmp_path):
     assert report["metadata"]["set"]["tasks"] == {"text": 1}
     assert [d["why"] for d in report["operational"]["skipped_documents"]] == [
         "no reliable text layer (a scan, or a broken font encoding)"]
+    assert "1 document(s) of the set not scored: scan.pdf (no reliable text layer" in done.stdout
     assert report["operational"]["pages"]["read"] == 2  # the scan is not read: it has nothing to compare with
     assert report["scores"]["text"]["cer"] < 0.1 and report["scores"]["text"]["word_f1"] > 0.8
     assert [p["page"] for p in report["pages"]] == [1, 2]
@@ -212,6 +213,27 @@ def test_bad_requests_stop_before_anything_runs(tmp_path, labelled, good):
         (("compare", str(good)), "at least two reports"),
         (("compare", str(good), str(labelled / "good.jsonl")), "not a JSON report"),
         (("compare", str(good), str(labelled / "good.md")), "not a JSON report"),
+    ]
+    # found by a hostile round: files the command would have overwritten, and inputs that ended in a traceback
+    manifest, report = str(labelled / "good.jsonl"), str(tmp_path / "r.json")
+    image = str(labelled / "hello.png")
+    bad_lines = {
+        "deep.jsonl": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        "long.jsonl": (json.dumps({"path": "a" * 100_000, "truth": {"text": "x"}}), "100000 characters"),
+        "task.jsonl": (json.dumps({"path": image, "task": "bogus", "truth": {"text": "x"}}), "unknown task"),
+        "folder.jsonl": (json.dumps({"path": str(labelled), "truth": {"text": "x"}}), "a folder, not a file"),
+    }
+    for name, (line, why) in bad_lines.items():
+        (tmp_path / name).write_text(line + "\n")
+        cases.append(((str(tmp_path / name), "-o", report), why))
+    cases += [
+        ((manifest, "-o", manifest), "is read by this command"),
+        ((manifest, "-o", report, "--markdown", manifest), "is read by this command"),
+        ((manifest, "-o", report, "--markdown", report), "must name different files"),
+        ((manifest, "-o", report, "--plot", str(tmp_path)), "a folder"),
+        ((manifest, "-o", report, "--plot", str(tmp_path / "p.weird")), "--plot"),
+        ((manifest, "-o", str(tmp_path / ("b" * 300 + ".json"))), "File name too long"),
+        (("compare", str(good), str(good), "--output", str(good)), "is read by this command"),
     ]
     for args, why in cases:
         done = _eval(*args)

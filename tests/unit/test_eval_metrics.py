@@ -79,6 +79,7 @@ def test_field_scores_by_hand():
     # paths: name, total, note, items[0].qty; exact: total (as numbers), note (empty = empty)
     assert s.fields == 4 and s.exact == 2
     assert s.per_field["name"] == (False, pytest.approx(1 - 7 / 10))  # ohn, mith differ in case: 7 of 10
+    assert s.per_field["total"] == (True, 1.0)  # equal as numbers is fully similar, not 4 of 5 characters
     assert fields.score_fields(reference, output, fold_case=True).exact == 3
     # pairs with a value: reference 3 (name, total, qty), output 4; correct: total
     assert (s.reference_found, s.output_found, s.correct) == (3, 4, 1)

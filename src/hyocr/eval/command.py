@@ -68,6 +68,12 @@ def main(args: argparse.Namespace) -> int:
     except EvalError as exc:
         print(f"hyocr eval: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path the filesystem refuses (a name over 255 bytes, a file where a folder goes)
+        from .sets import short
+
+        where = f"{short(exc.filename)}: " if exc.filename else ""
+        print(f"hyocr eval: {where}{exc.strerror or type(exc).__name__}", file=sys.stderr)
+        return 2
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
@@ -80,12 +86,27 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
-def _check_destinations(*paths: str | Path | None) -> None:
-    """Before reading anything: a typo in a folder name must not cost a finished evaluation."""
-    for path in filter(None, paths):
-        folder = Path(path).parent
-        if not folder.is_dir():
-            raise EvalError(f"{path}: folder {folder} does not exist")
+PLOT_FORMATS = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+
+
+def _check_destinations(*paths: str | Path | None, inputs: tuple[str | Path, ...] = (), plot: str | None = None
+                        ) -> None:
+    """Before reading anything: a typo in a folder name must not cost a finished evaluation, and no file the
+    command writes may be one it reads, or another it writes (each would silently replace the other)."""
+    given = [Path(p) for p in (*paths, plot) if p]
+    for path in given:
+        if not path.parent.is_dir():
+            raise EvalError(f"{path}: folder {path.parent} does not exist")
+        if path.is_dir():
+            raise EvalError(f"{path}: a folder; name a file")
+    resolved = [p.resolve() for p in given]
+    if len(set(resolved)) < len(resolved):
+        raise EvalError("--output, --markdown and --plot must name different files")
+    for source in inputs:
+        if Path(source).resolve() in resolved:
+            raise EvalError(f"{source}: is read by this command; write the report elsewhere")
+    if plot and Path(plot).suffix.lower() not in PLOT_FORMATS:
+        raise EvalError(f"--plot {plot}: a {', '.join(PLOT_FORMATS)} file")
 
 
 def _settings(args: argparse.Namespace):
@@ -119,21 +140,23 @@ def run_main(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.max_retries < 0 or (args.limit is not None and args.limit < 1):
         raise EvalError("--workers and --limit must be >= 1, --max-retries >= 0")
     output = Path(args.output)
-    _check_destinations(output, args.markdown, args.plot)
+    _check_destinations(output, args.markdown, inputs=(args.set,), plot=args.plot)
     metrics.require()
     if args.plot:
         plot.require_matplotlib()
     settings = _settings(args)
     defaults = {"task": args.task, "fields": args.fields, "language": args.language, "question": args.question,
                 "pages": args.pages, "max_tokens": args.max_tokens}
-    if args.task:
-        from ..errors import HyocrError
-        from ..hunyuan.prompts import parse_task
+    from ..batch.pages import check as check_pages
+    from ..errors import HyocrError
+    from ..hunyuan.prompts import parse_task
 
-        try:
+    try:
+        if args.task:
             parse_task(args.task)
-        except HyocrError as exc:
-            raise EvalError(exc.message) from None
+        check_pages(args.pages)
+    except HyocrError as exc:
+        raise EvalError(exc.message) from None
     job = Job(args.set, output, args.reads or output.with_suffix(".reads"), defaults, settings, truth=args.truth,
               url=args.url, api_key=args.api_key or os.environ.get("HYOCR_CLIENT_API_KEY"), timeout=args.timeout,
               poll=args.poll, workers=args.workers, max_retries=args.max_retries, fold_case=args.fold_case,
@@ -172,11 +195,17 @@ def compare_main(args: argparse.Namespace) -> int:
 
     if len(args.reports) < 2:
         raise EvalError("compare needs at least two reports (the first is the baseline)")
-    _check_destinations(args.output, args.markdown, args.plot)
+    if args.output and args.markdown and Path(args.output).resolve() == Path(args.markdown).resolve():
+        args.markdown = None  # the same comparison twice to one file
+    _check_destinations(args.output, args.markdown, inputs=tuple(args.reports), plot=args.plot)
     if args.plot:
         plot.require_matplotlib()
     runs = compare.load_runs(args.reports)
-    text = compare.markdown(runs)
+    try:
+        text = compare.markdown(runs)
+    except (TypeError, KeyError, AttributeError, ValueError) as exc:  # a report edited by hand
+        raise EvalError(f"a report holds values hyocr eval does not write (edited by hand?): "
+                        f"{type(exc).__name__}: {exc}") from None
     for path in {args.output, args.markdown} - {None}:  # the comparison is markdown: either flag names its file
         report.write_text(path, text)
     if args.plot:

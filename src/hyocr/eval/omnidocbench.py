@@ -92,14 +92,20 @@ def load(path: Path, defaults: Mapping[str, Any], *, use_pdfs: bool = False,
         if not isinstance(info, Mapping) or not isinstance(info.get("image_path"), str) or not isinstance(
                 page.get("layout_dets"), list):
             raise EvalError(f"{where}: expected layout_dets and page_info.image_path")
-        if not _selected(info.get("page_attribute") or {}, filters or {}):
-            continue
-        name = Path(info["image_path"]).name
-        file = folder / (Path(name).with_suffix(".pdf").name if use_pdfs else name)
-        if not file.is_file():
-            loaded.skipped_documents.append({"path": str(file), "why": "not in the download"})
-            continue
-        truth = page_truth(page, where)
+        try:
+            if not _selected(info.get("page_attribute") or {}, filters or {}):
+                continue
+            name = Path(info["image_path"]).name
+            file = folder / (Path(name).with_suffix(".pdf").name if use_pdfs else name)
+            if not file.is_file():
+                loaded.skipped_documents.append({"path": str(file), "why": "not in the download"})
+                continue
+            truth = page_truth(page, where)
+        except EvalError:
+            raise
+        except (TypeError, ValueError, AttributeError, KeyError, OSError) as exc:  # a field of another type
+            raise EvalError(f"{where}: not OmniDocBench's annotation format ({type(exc).__name__}: "
+                            f"{str(exc)[:200]})") from None
         if truth is None:
             loaded.skipped_documents.append({"path": str(file), "why": "nothing annotated to score"})
             continue

@@ -76,8 +76,9 @@ async def load(given: str, defaults: Mapping[str, Any], settings: Settings, *,
                                              skipped=skipped if part == 0 else ()))
     finally:
         renderer.close()
-    if not loaded.samples:
-        raise EvalError(f"{given}: no PDF page with a reliable text layer")
+    if not loaded.samples:  # each document's own reason (damaged, encrypted, --pages past its end, a scan)
+        reasons = "; ".join(f"{Path(s['path']).name}: {s['why']}" for s in loaded.skipped_documents[:5])
+        raise EvalError(f"{given}: no PDF page with a reliable text layer" + (f" ({reasons})" if reasons else ""))
     return loaded
 
 

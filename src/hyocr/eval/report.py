@@ -128,6 +128,11 @@ def markdown(doc: Mapping[str, Any]) -> str:
               + f"; completion tokens per page {cell(ops['tokens_per_page']['completion'], 1)}."]
     if ops["pages"]["without_reference"]:
         lines.append(f"{ops['pages']['without_reference']} pages had no reference and were not read.")
+    skipped = ops.get("skipped_documents") or []
+    if skipped:
+        lines.append(f"{len(skipped)} document(s) of the set not scored: "
+                     + "; ".join(f"{Path(s['path']).name} ({s['why']})" for s in skipped[:10])
+                     + (f"; ... {len(skipped) - 10} more in the JSON report" if len(skipped) > 10 else "") + ".")
     for failure in ops["failures"][:20]:
         where = failure["document"] + (f" page {failure['page']}" if failure.get("page") else "")
         lines.append(f"- failed: {where}: {failure['error']}")

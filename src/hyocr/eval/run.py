@@ -159,6 +159,7 @@ async def evaluate(job: Job) -> dict[str, Any]:
         raise EvalError(str(exc)) from None
     try:
         clean_temps(job.reads)
+        drop_damaged(job.reads, [s.document for s in loaded.samples])
         async with reader_for(job) as (reader, engine):
             # made here, after the engine started: its clock is the reading's
             batch = Batch([s.document for s in loaded.samples], job.reads, reader, job.defaults,
@@ -168,6 +169,20 @@ async def evaluate(job: Job) -> dict[str, Any]:
         state.close()
     runs = record_run(job.reads, summary)
     return build_report(job, loaded, batch, summary, runs, engine)
+
+
+def drop_damaged(reads: Path, documents: list[Any]) -> None:
+    """A result that no longer parses (cut short, edited) is removed, so that this run reads its document again
+    (batch's rule: a done document whose output is missing is read again) rather than reporting it failed."""
+    for doc in documents:
+        path = reads / doc.name
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def record_run(reads: Path, summary: Mapping[str, Any]) -> list[dict[str, Any]]:

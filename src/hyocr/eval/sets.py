@@ -153,7 +153,12 @@ def load_manifest(manifest: Path, defaults: Mapping[str, Any]) -> LoadedSet:
             entry = json.loads(line)
         except ValueError as exc:
             raise EvalError(f"{where}: not JSON ({exc})") from None
-        sample = _manifest_sample(entry, base, defaults, where)
+        except RecursionError:
+            raise EvalError(f"{where}: not JSON (nested too deeply)") from None
+        try:
+            sample = _manifest_sample(entry, base, defaults, where)
+        except OSError as exc:  # a name the filesystem refuses (over 255 bytes): said short, never whole
+            raise EvalError(f"{where}: {short(entry.get('path'))}: {exc.strerror or type(exc).__name__}") from None
         if (first := seen.setdefault(sample.document.key, number)) != number:
             raise EvalError(f"{where}: the same document and options as line {first}")
         samples.append(sample)
@@ -170,7 +175,8 @@ def _manifest_sample(entry: Any, base: Path, defaults: Mapping[str, Any], where:
     path = Path(entry["path"]).expanduser()
     path = path if path.is_absolute() else base / path
     if not path.is_file():
-        raise EvalError(f"{where}: {entry['path']}: no such file")
+        raise EvalError(f"{where}: {short(entry['path'])}: " + ("a folder, not a file" if path.is_dir()
+                                                                  else "no such file"))
     pdf = _is_pdf(path)
     pages = entry.get("pages")
     selection = None
@@ -183,6 +189,8 @@ def _manifest_sample(entry: Any, base: Path, defaults: Mapping[str, Any], where:
             raise EvalError(f'{where}: "pages" is a selection such as "1-3" or a list of page truths')
         if pages is not None and not pdf:
             raise EvalError(f'{where}: "pages" selects pages of a PDF; {entry["path"]} is an image')
+        if pages is not None:
+            _check_selection(pages, where)
         selection = pages
         truth = parse_truth(entry.get("truth"), None if pdf else 0, where)
         if pdf and truth.blocks is not None:
@@ -192,6 +200,8 @@ def _manifest_sample(entry: Any, base: Path, defaults: Mapping[str, Any], where:
     if schema is not None and not isinstance(schema, dict):
         raise EvalError(f"{where}: schema must be a JSON Schema object")
     options = {k: entry[k] for k in ("task", "fields", "language", "question") if entry.get(k) is not None}
+    if "task" in options:
+        _check_task(options["task"], where)
     task = options.get("task") or defaults.get("task") or infer_task(truths)
     options["task"] = task
     if task == "extract" and not (options.get("fields") or defaults.get("fields")):
@@ -205,6 +215,32 @@ def _manifest_sample(entry: Any, base: Path, defaults: Mapping[str, Any], where:
     except ValueError:
         rel = path.name
     return Sample(Document(path.resolve(), rel, options), truths, schema)
+
+
+def short(value: object, limit: int = 120) -> str:
+    """A value as a message shows it: a 10 MB path is not echoed whole."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _check_selection(pages: str, where: str) -> None:
+    from ..batch.pages import check
+    from ..errors import HyocrError
+
+    try:
+        check(pages)
+    except HyocrError as exc:
+        raise EvalError(f"{where}: {exc.message}") from None
+
+
+def _check_task(task: object, where: str) -> None:
+    from ..errors import HyocrError
+    from ..hunyuan.prompts import parse_task
+
+    try:
+        parse_task(task)
+    except HyocrError as exc:
+        raise EvalError(f"{where}: {exc.message}") from None
 
 
 def _page_truths(pages: list, pdf: bool, where: str) -> tuple[tuple[Truth, ...], str | None]:

@@ -109,7 +109,8 @@ def score_fields(reference: Mapping[str, Any], output: Mapping[str, Any] | None,
     per_field = {}
     for path, text in want.items():
         found = got.get(path, "")
-        per_field[path] = (same_value(text, found), similarity(text, found))
+        exact = same_value(text, found)  # numbers as numbers: "9.50" is "9.5", and so fully similar
+        per_field[path] = (exact, 1.0 if exact else similarity(text, found))
     found_pairs = {k: v for k, v in got.items() if v}
     correct = sum(1 for k, v in want.items() if v and k in found_pairs and same_value(v, found_pairs[k]))
     return FieldScore(len(want), sum(e for e, _ in per_field.values()), sum(s for _, s in per_field.values()),
