@@ -226,6 +226,8 @@ def test_bad_requests_stop_before_anything_runs(tmp_path, labelled, good):
     for name, (line, why) in bad_lines.items():
         (tmp_path / name).write_text(line + "\n")
         cases.append(((str(tmp_path / name), "-o", report), why))
+    (tmp_path / "latin1.jsonl").write_bytes(b"# a comment\n\xff\xfe\n")
+    cases.append(((str(tmp_path / "latin1.jsonl"), "-o", report), "latin1.jsonl:2: not UTF-8"))
     cases += [
         ((manifest, "-o", manifest), "is read by this command"),
         ((manifest, "-o", report, "--markdown", manifest), "is read by this command"),

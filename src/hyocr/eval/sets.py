@@ -142,13 +142,18 @@ def load_manifest(manifest: Path, defaults: Mapping[str, Any]) -> LoadedSet:
     samples, seen = [], {}
     base = manifest.parent
     try:
-        lines = manifest.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise EvalError(f"{manifest}: {getattr(exc, 'strerror', None) or exc}") from None
-    for number, line in enumerate(lines, 1):
+        raw_lines = manifest.read_bytes().splitlines()
+    except OSError as exc:
+        raise EvalError(f"{manifest}: {exc.strerror or exc}") from None
+    for number, raw in enumerate(raw_lines, 1):
+        where = f"{manifest}:{number}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EvalError(f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1}); a "
+                            "manifest is JSON lines") from None
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        where = f"{manifest}:{number}"
         try:
             entry = json.loads(line)
         except ValueError as exc:
