@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from hyocr.batch import readers
 from hyocr.batch.partial import Partial
 from hyocr.batch.readers import LocalReader, ReadFailed
 from hyocr.errors import GatewayTimeout, InvalidRequest, ServiceUnavailable
@@ -56,12 +57,14 @@ class Ticket:
 
 @pytest.fixture
 def sleeps(monkeypatch):
+    """The reader's backoff, recorded instead of waited (asyncio.sleep itself is left alone: servers of other
+    test modules still running in threads of this process poll with it)."""
     slept: list[float] = []
 
     async def sleep(seconds):
         slept.append(seconds)
 
-    monkeypatch.setattr(asyncio, "sleep", sleep)
+    monkeypatch.setattr(readers, "backoff", sleep)
     return slept
 
 
