@@ -13,8 +13,8 @@ outputs, state lines and summary, so either resumes the other's work.
 
 Exit status: 0 every document done, 1 some failed (or left pending), 2 nothing could start (a bad INPUT,
 manifest line, ``--pages``, task or URI; DIR busy), 3 the server (``--url``) could not be reached or refused the
-caller (401/403: the API key): the documents not read are pending, no attempt spent; 130 interrupted (Ctrl-C): the summary is written, a rerun
-resumes.
+caller (401/403: the API key): the documents not read are pending, no attempt spent; 130 interrupted (Ctrl-C):
+the summary is written, a rerun resumes.
 """
 
 from __future__ import annotations

@@ -69,9 +69,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"hyocr eval: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a path the filesystem refuses (a name over 255 bytes, a file where a folder goes)
-        from .sets import short
+        from ..batch.plan import shown
 
-        where = f"{short(exc.filename)}: " if exc.filename else ""
+        where = f"{shown(exc.filename)}: " if exc.filename else ""
         print(f"hyocr eval: {where}{exc.strerror or type(exc).__name__}", file=sys.stderr)
         return 2
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..batch.plan import Document
+from ..batch.plan import Document, shown
 from . import EvalError
 
 TRUTH_KEYS = ("text", "markdown", "fields", "blocks", "tables", "dpi")
@@ -163,7 +163,7 @@ def load_manifest(manifest: Path, defaults: Mapping[str, Any]) -> LoadedSet:
         try:
             sample = _manifest_sample(entry, base, defaults, where)
         except OSError as exc:  # a name the filesystem refuses (over 255 bytes): said short, never whole
-            raise EvalError(f"{where}: {short(entry.get('path'))}: {exc.strerror or type(exc).__name__}") from None
+            raise EvalError(f"{where}: {shown(entry.get('path'))}: {exc.strerror or type(exc).__name__}") from None
         if (first := seen.setdefault(sample.document.key, number)) != number:
             raise EvalError(f"{where}: the same document and options as line {first}")
         samples.append(sample)
@@ -180,7 +180,7 @@ def _manifest_sample(entry: Any, base: Path, defaults: Mapping[str, Any], where:
     path = Path(entry["path"]).expanduser()
     path = path if path.is_absolute() else base / path
     if not path.is_file():
-        raise EvalError(f"{where}: {short(entry['path'])}: " + ("a folder, not a file" if path.is_dir()
+        raise EvalError(f"{where}: {shown(entry['path'])}: " + ("a folder, not a file" if path.is_dir()
                                                                   else "no such file"))
     pdf = _is_pdf(path)
     pages = entry.get("pages")
@@ -195,7 +195,9 @@ def _manifest_sample(entry: Any, base: Path, defaults: Mapping[str, Any], where:
         if pages is not None and not pdf:
             raise EvalError(f'{where}: "pages" selects pages of a PDF; {entry["path"]} is an image')
         if pages is not None:
-            _check_selection(pages, where)
+            from ..batch.pages import check as check_pages
+
+            _check(where, check_pages, pages)
         selection = pages
         truth = parse_truth(entry.get("truth"), None if pdf else 0, where)
         if pdf and truth.blocks is not None:
@@ -206,7 +208,9 @@ def _manifest_sample(entry: Any, base: Path, defaults: Mapping[str, Any], where:
         raise EvalError(f"{where}: schema must be a JSON Schema object")
     options = {k: entry[k] for k in ("task", "fields", "language", "question") if entry.get(k) is not None}
     if "task" in options:
-        _check_task(options["task"], where)
+        from ..hunyuan.prompts import parse_task
+
+        _check(where, parse_task, options["task"])
     task = options.get("task") or defaults.get("task") or infer_task(truths)
     options["task"] = task
     if task == "extract" and not (options.get("fields") or defaults.get("fields")):
@@ -222,28 +226,13 @@ def _manifest_sample(entry: Any, base: Path, defaults: Mapping[str, Any], where:
     return Sample(Document(path.resolve(), rel, options), truths, schema)
 
 
-def short(value: object, limit: int = 120) -> str:
-    """A value as a message shows it: a 10 MB path is not echoed whole."""
-    text = str(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def _check_selection(pages: str, where: str) -> None:
-    from ..batch.pages import check
+def _check(where: str, check: Any, value: object) -> None:
+    """``check(value)`` as the server would check it (batch's page selection, the task's name); its
+    refusal as this line's EvalError."""
     from ..errors import HyocrError
 
     try:
-        check(pages)
-    except HyocrError as exc:
-        raise EvalError(f"{where}: {exc.message}") from None
-
-
-def _check_task(task: object, where: str) -> None:
-    from ..errors import HyocrError
-    from ..hunyuan.prompts import parse_task
-
-    try:
-        parse_task(task)
+        check(value)
     except HyocrError as exc:
         raise EvalError(f"{where}: {exc.message}") from None
 

@@ -354,13 +354,12 @@ def store_endpoint(scheme: str, policy: ObjectPolicy) -> str | None:
     return policy.endpoint
 
 
-def _gcs_options() -> dict[str, Any]:
+def _gcs_options(emulator: str | None) -> dict[str, Any]:
     import datetime
 
     options: dict[str, Any] = {"retry_time_limit": datetime.timedelta(seconds=GCS_RETRY_SECONDS)}
-    emulator = os.environ.get(GCS_EMULATOR_ENV, "").strip().rstrip("/")
     if emulator:
-        how, _, where = emulator.rpartition("://")
+        how, _, where = emulator.rstrip("/").rpartition("://")
         options.update(anonymous=True, endpoint_override=where, scheme=how or "http")
     return options
 
@@ -369,7 +368,7 @@ def _make_filesystem(scheme: str, policy: ObjectPolicy, region: str | None = Non
     pafs = _pafs()
     try:
         if scheme == "gs":
-            return pafs.GcsFileSystem(**_gcs_options())
+            return pafs.GcsFileSystem(**_gcs_options(store_endpoint(scheme, policy)))
         # the region, like the credentials, from the environment (AWS_REGION, AWS_DEFAULT_REGION, ~/.aws), or
         # the bucket's own as AWS answers it
         options: dict[str, Any] = {"allow_bucket_creation": False, "allow_bucket_deletion": False}
