@@ -10,9 +10,11 @@ of stdout that went away (``| head``) with status 141, as a shell reports SIGPIP
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
+import time
 import typing
 from pathlib import Path
 
@@ -285,6 +287,29 @@ def serve(settings: Settings) -> int:
     server = Server(uvicorn.Config(app, host=settings.host, port=settings.port, **uvicorn_options(settings)),
                     drain=app.state.drain)
     server.run()
-    if not server.started:  # the lifespan failed (the engine did not start), as uvicorn.run reports it
-        return 3
-    return 0
+    # 3: the lifespan failed (the engine did not start); 130: a second Ctrl-C cut the drain short
+    code = 3 if not server.started else 130 if server.force_exit else 0
+    _exit_when_drained(code)
+    return code
+
+
+def _exit_when_drained(code: int, grace: float = 2.0) -> None:
+    """The server has drained and stopped; work it abandoned may still run on engine threads (a CPU
+    engine's page in ONNX Runtime cannot be interrupted), and the interpreter would wait for each before
+    exiting (16 s past a 3 s DRAIN_TIMEOUT was seen): a supervisor sized to the grace would SIGKILL it. Such
+    threads get ``grace`` seconds, then the process exits at once, logs flushed."""
+    import threading
+
+    deadline = time.monotonic() + grace
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    left = [t.name for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon
+            and t.is_alive()]
+    if left:
+        logging.getLogger("hyocr").warning("exiting with %d engine thread(s) still at abandoned work: %s",
+                                           len(left), ", ".join(left[:5]))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

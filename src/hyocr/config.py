@@ -130,6 +130,9 @@ class Settings(BaseSettings):
     trusted_proxies: str | None = Field(None, description="CIDRs whose X-Forwarded-For is believed")
     public_ready: bool = Field(True, description="/ready needs no credentials")
     public_metrics: bool = Field(False, description="/metrics needs no credentials")
+    metrics_api_keys: SecretStr | None = Field(
+        None, description="comma-separated keys of the metrics scrapers: /metrics answers only them (403 for "
+        "other callers, who would see every tenant's volumes)")
     metrics_port: int | None = Field(None, ge=1, le=65535,
                                      description="also serve /metrics on this port (no auth: bind it privately)")
     metrics_host: str | None = Field(None, description="address the metrics port binds (default: host)")

@@ -79,7 +79,7 @@ def _run_local(args: argparse.Namespace, settings: Settings, files: list[Path], 
                             elif isinstance(event, PageRead):
                                 progress.page(event.page, event.completed, event.total)
                 except HyocrError as exc:
-                    out.failed(path, exc.message if exc.public else "internal error")
+                    out.failed(path, _hint(exc.message if exc.public else "internal error", exc.code, path))
                     continue
                 out.result(path, ocr_body(result))
         return out.finish()
@@ -103,23 +103,32 @@ def run_remote_ocr(args: argparse.Namespace, files: list[Path], out: _Output) ->
         for path in files:
             try:
                 data = path.read_bytes()
-                document = _is_pdf(data)
+                document = _is_document(data)
                 with _Progress(path) as progress:
                     result = client.ocr(data, task=args.task, fields=fields, language=args.language,
                                         question=args.question, **(_pdf_options(args) if document else {}),
                                         on_page=progress.page if document else None,
                                         timeout=args.timeout or (PDF_TIMEOUT if document else None))
             except (HyocrClientError, OSError) as exc:
-                out.failed(path, getattr(exc, "strerror", None) or str(exc))
+                out.failed(path, _hint(getattr(exc, "strerror", None) or str(exc), getattr(exc, "code", None), path))
                 continue
             out.result(path, result.raw)
     return out.finish()
 
 
-def _is_pdf(data: bytes) -> bool:
-    from .pipeline.media import is_pdf
+def _hint(message: str, code: str | None, path: Path) -> str:
+    """The command that does what was refused: a document longer than one request reads whole in batch."""
+    if code == "too_many_pages":
+        import shlex
 
-    return is_pdf(data)
+        return f"{message}; all of it: hyocr batch {shlex.quote(str(path))} -o DIR"
+    return message
+
+
+def _is_document(data: bytes) -> bool:
+    from .pipeline.media import is_document
+
+    return is_document(data)
 
 
 def _pdf_options(args: argparse.Namespace) -> dict:

@@ -52,7 +52,7 @@ class PageImage:
     source_format: str = ""  # PNG, JPEG, ..., PDF
     source_bytes: int = 0
     dpi: int | None = None  # PDF pages: the resolution the page was rendered at (or sized at)
-    source: str | None = None  # PDF pages: "render" | "text_layer"
+    source: str | None = None  # PDF pages: "render" | "text_layer"; a TIFF document's pages: "image"
     text: str | None = None  # the PDF's own text for this page, used instead of the engine
     error: str | None = None  # the PDF page could not be rendered
     # The page's width and height in pixels of the upload (boxes and the response use them): set for a page
@@ -186,7 +186,8 @@ class PageResult:
     raw_text: str = ""  # what the engine produced, before clean-up
     usage: Usage = field(default_factory=Usage)
     dpi: int | None = None  # PDF pages: the resolution the page was read at
-    source: str | None = None  # PDF pages: "render" (OCR of the rendered page) | "text_layer"
+    source: str | None = None  # PDF pages: "render" (OCR of the rendered page) | "text_layer"; "image": a
+    # page of a TIFF document
 
     def read_from(self, page: PageImage) -> PageResult:
         """This result stamped with how its PDF page was read (a no-op for images)."""

@@ -99,3 +99,22 @@ def test_a_request_that_finishes_within_the_drain_is_answered_as_usual():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_process_exits_soon_after_the_drain_though_engine_threads_still_work():
+    """A CPU engine's thread cannot be interrupted: the interpreter waited for it, 16 s past a 3 s drain.
+    Now it gets 2 s, then the process exits 0, saying so."""
+    proc, url = _start("--drain-timeout", "1")
+    try:
+        busy = concurrent.futures.ThreadPoolExecutor(1).submit(_chat, url, "[[fake:busy=30]] question")
+        time.sleep(1.0)  # on the engine's thread
+        stopped = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert busy.result().status_code == 503
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - stopped < 8  # 1 s drain + 2 s for the thread + start-up of the exit
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = proc.stdout.read()
+    assert "engine thread(s) still at abandoned work" in log and "Traceback" not in log, log[-2000:]

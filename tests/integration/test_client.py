@@ -3,6 +3,7 @@ scriptable fake engine, and a scripted HTTP server for what the fake engine cann
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -14,7 +15,15 @@ import pytest
 from imaging import card, overlap, squash
 from servers import free_port
 
-from hyocr.client import AsyncHyocrClient, BadRequest, ConnectionFailed, HyocrClient, ServerError, Timeout
+from hyocr.client import (
+    APIError,
+    AsyncHyocrClient,
+    BadRequest,
+    ConnectionFailed,
+    HyocrClient,
+    ServerError,
+    Timeout,
+)
 
 
 def test_ocr_reads_the_card_with_pixel_boxes(rapid_server, tmp_path):
@@ -168,3 +177,118 @@ async def test_async_client_parity(fake_server_factory, scripted):
     busy = scripted([BUSY, (200, {}, OCR_BODY)])
     async with AsyncHyocrClient(busy.url) as client:
         assert (await client.ocr(png)).text == "OK" and len(busy.seen) == 2
+
+
+async def test_each_caller_gets_its_own_webhook_secret(fake_server_factory):
+    server = fake_server_factory(ui=False, api_keys="key-one,key-two")
+    with HyocrClient(server.url, api_key="key-one") as one:
+        mine = one.webhook_secret()
+    async with AsyncHyocrClient(server.url, api_key="key-two") as two:
+        theirs = await two.webhook_secret()
+    assert mine.startswith("whsec_") and theirs.startswith("whsec_") and mine != theirs
+    with HyocrClient(server.url, api_key="key-one") as again:
+        assert again.webhook_secret() == mine  # stable: receivers keep it
+
+
+class Raw(ThreadingHTTPServer):
+    """Answers every request with ``reply(handler)``: raw bytes at its own pace (a slow proxy, a cut stream)."""
+
+    def __init__(self, reply) -> None:
+        self.requests = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", 0)))
+                server.requests += 1
+                with contextlib.suppress(OSError):
+                    reply(self.wfile)
+
+            do_GET = do_POST = _any
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+
+def _trickle(out) -> None:
+    """Headers at once, then the body a byte every 0.2 s: each read is quick, the answer never whole."""
+    body = json.dumps(OCR_BODY).encode()
+    out.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
+    out.flush()
+    for byte in body:
+        out.write(bytes([byte]))
+        out.flush()
+        time.sleep(0.2)
+
+
+async def test_a_trickling_answer_is_bounded_by_the_timeout_not_each_read():
+    server = Raw(_trickle)
+    try:
+        started = time.monotonic()
+        with HyocrClient(server.url, timeout=1.0, max_retries=1, backoff=0.05) as client, pytest.raises(Timeout):
+            client.ocr(b"img")
+        assert time.monotonic() - started < 4.0 and server.requests == 2  # ~1 s an attempt, not 50 s of bytes
+        started = time.monotonic()
+        async with AsyncHyocrClient(server.url, timeout=1.0, max_retries=0) as client:
+            with pytest.raises(Timeout):
+                await client.ocr(b"img")
+        assert time.monotonic() - started < 3.0
+    finally:
+        server.shutdown()
+
+
+def _cut_after_one_page(out) -> None:
+    page = {"object": "ocr.page", "completed": 1, "total": 2, "page": OCR_BODY["pages"][0]}
+    out.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+    event = b"data: " + json.dumps(page).encode() + b"\n\n"
+    out.write(b"%x\r\n%s\r\n" % (len(event), event))
+    out.write(b"5\r\nda")  # the connection drops mid-chunk
+    out.flush()
+
+
+def test_a_stream_cut_after_a_page_is_not_retried_and_no_page_is_given_twice():
+    server = Raw(_cut_after_one_page)
+    seen = []
+    try:
+        with HyocrClient(server.url, max_retries=2, backoff=0.05) as client, pytest.raises(ConnectionFailed) as info:
+            client.ocr(b"%PDF-1.4 fake", on_page=lambda page, done, total: seen.append((page.index, done, total)))
+        assert seen == [(0, 1, 2)] and server.requests == 1 and "cut after 1 page" in str(info.value)
+    finally:
+        server.shutdown()
+
+
+def test_json_of_another_shape_is_a_typed_error(scripted):
+    server = scripted([(200, {}, {"unexpected": True})])
+    with HyocrClient(server.url) as client, pytest.raises(APIError, match="not what hyocr sends"):
+        client.ocr(b"img")
+
+
+def _slow_pages(out) -> None:
+    """Three pages 0.6 s apart, then the result: longer than a 1 s timeout in all, each wait shorter."""
+    out.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
+    for n in range(3):
+        time.sleep(0.6)
+        page = {"object": "ocr.page", "completed": n + 1, "total": 3, "page": {**OCR_BODY["pages"][0], "index": n}}
+        out.write(b"data: " + json.dumps(page).encode() + b"\n\n")
+        out.flush()
+    out.write(b"data: " + json.dumps(OCR_BODY).encode() + b"\n\ndata: [DONE]\n\n")
+    out.flush()
+
+
+async def test_a_page_stream_is_bounded_by_the_wait_for_each_page_not_by_its_whole_length():
+    server = Raw(_slow_pages)
+    try:
+        seen = []
+        with HyocrClient(server.url, timeout=1.0, max_retries=0) as client:
+            result = client.ocr(b"%PDF-1.4 fake", on_page=lambda page, done, total: seen.append(page.index))
+        assert result.text == "OK" and seen == [0, 1, 2]
+        seen.clear()
+        async with AsyncHyocrClient(server.url, timeout=1.0, max_retries=0) as client:
+            await client.ocr(b"%PDF-1.4 fake", on_page=lambda page, done, total: seen.append(page.index))
+        assert seen == [0, 1, 2]
+    finally:
+        server.shutdown()

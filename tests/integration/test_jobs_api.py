@@ -105,7 +105,7 @@ def test_a_retried_submit_with_the_same_key_is_the_same_job(rapid_jobs):
 def test_another_caller_can_neither_read_nor_cancel_a_job(rapid_jobs):
     job = requests.post(f"{rapid_jobs.url}/v1/jobs", json={"image": _b64(SCAN), "task": "text"}, headers=ALICE,
                         timeout=60).json()
-    for method, path in (("get", ""), ("get", "/result"), ("get", "/pages"), ("delete", "")):
+    for method, path in (("get", ""), ("get", "/result"), ("get", "/pages"), ("delete", ""), ("post", "/cancel")):
         r = requests.request(method, f"{rapid_jobs.url}/v1/jobs/{job['id']}{path}", headers=BOB, timeout=10)
         assert r.status_code == 404 and r.json()["error"]["code"] == "job_not_found", (method, path, r.text)
     assert _wait(rapid_jobs.url, job["id"], headers=ALICE)["status"] == "succeeded"  # untouched by Bob
@@ -147,8 +147,11 @@ def test_cancel_stops_the_engines_work_and_a_running_result_is_409(fake_server_f
     early = requests.get(f"{server.url}/v1/jobs/{job['id']}/result", timeout=10)
     assert early.status_code == 409 and early.json()["error"]["code"] == "job_not_finished"
     reading = set(engine.active)
-    cancelled = requests.delete(f"{server.url}/v1/jobs/{job['id']}", timeout=10).json()
+    cancelled = requests.post(f"{server.url}/v1/jobs/{job['id']}/cancel", timeout=10).json()
     assert cancelled["status"] == "cancelled"
+    # a retried cancel (its answer lost) finds the job cancelled and leaves it: DELETE would delete it
+    again = requests.post(f"{server.url}/v1/jobs/{job['id']}/cancel", timeout=10)
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
     deadline = time.monotonic() + 30
     while not reading <= set(engine.aborted) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -214,11 +217,14 @@ class _Receiver(BaseHTTPRequestHandler):
 
 def test_the_webhook_is_signed_and_retried_after_a_failed_delivery(fake_server_factory, tmp_path):
     secret = "whsec_" + base64.b64encode(b"k" * 32).decode()
-    _Receiver.seen, _Receiver.secret = [], secret
     receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     try:
         server = fake_server_factory(ui=False, webhook_secret=secret, media_fetch_allow_private=True)
+        # the receiver verifies with the caller's own secret, as the README tells a user to fetch it
+        mine = requests.get(f"{server.url}/v1/webhooks/secret", timeout=10).json()
+        assert mine["object"] == "webhook_secret" and mine["secret"].startswith("whsec_") and mine["secret"] != secret
+        _Receiver.seen, _Receiver.secret = [], mine["secret"]
         hook = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
         job = requests.post(f"{server.url}/v1/jobs", json={"image": _images(1)[0], "task": "text",
                                                            "callback_url": hook,

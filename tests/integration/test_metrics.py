@@ -72,6 +72,26 @@ def test_metrics_need_a_key_unless_public(fake_server_factory):
     assert "hyocr_requests_total" in text and "k" not in re.findall(r'key="([^"]*)"', text)
 
 
+def test_metrics_keys_keep_tenants_out_of_metrics(fake_server_factory):
+    """With METRICS_API_KEYS, /metrics answers the scrapers only: a tenant's key would show it every tenant's
+    volumes. The scraper's key is no API key, and the rest of the API is as it was."""
+    server = fake_server_factory(api_keys="tenant-a,tenant-b", metrics_api_keys="scraper-1")
+    tenant, scraper = {"Authorization": "Bearer tenant-a"}, {"Authorization": "Bearer scraper-1"}
+    assert requests.get(f"{server.url}/metrics", timeout=5).status_code == 401
+    forbidden = requests.get(f"{server.url}/metrics", headers=tenant, timeout=5)
+    assert forbidden.status_code == 403 and forbidden.json()["error"]["code"] == "metrics_forbidden"
+    assert _scrape(server, scraper)
+    assert requests.get(f"{server.url}/metrics", headers={"X-API-Key": "scraper-1"}, timeout=5).status_code == 200
+    assert requests.get(f"{server.url}/v1/models", headers=tenant, timeout=5).status_code == 200
+    assert requests.get(f"{server.url}/v1/models", headers=scraper, timeout=5).status_code == 401
+    # without API keys, metrics keys change nothing else: callers stay one (anonymous) owner
+    open_api = fake_server_factory(metrics_api_keys="scraper-1")
+    assert requests.get(f"{open_api.url}/metrics", timeout=5).status_code == 401
+    assert _scrape(open_api, scraper)
+    job = requests.post(f"{open_api.url}/v1/jobs", json={"image": IMAGE, "task": "text"}, timeout=30).json()
+    assert requests.get(f"{open_api.url}/v1/jobs/{job['id']}", timeout=5).status_code == 200
+
+
 def test_no_gpu_gauges_without_a_gpu(fake_server_factory):
     text = requests.get(f"{fake_server_factory().url}/metrics", timeout=5).text
     assert "hyocr_gpu_memory_used_bytes" not in text  # absent, not faked

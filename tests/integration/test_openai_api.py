@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import json
 
 import openai
 import pytest
@@ -53,6 +54,20 @@ def test_chat_spotting_prompt_returns_hunyuan_format_with_correct_boxes(client, 
         assert any(
             squash(line.text) in squash(b.text) and overlap(b.box, drawn) > 0.5 for b in blocks
         ), (line.text, content)
+
+
+def test_chat_stop_strings_end_the_text_before_them(client, card_url):
+    """OpenAI's stop: rapidocr has no decoder to stop, so its text is cut where a model's would end."""
+    _, url = card_url
+    whole = client.chat.completions.create(model="m", messages=_messages(url, "提取图中的文字。"))
+    text = whole.choices[0].message.content
+    assert "BORN" in text and "EXPIRES" in text
+    cut = client.chat.completions.create(model="m", messages=_messages(url, "提取图中的文字。"), stop=["BORN", "ZZZ"])
+    assert cut.choices[0].message.content == text[:text.index("BORN")]
+    assert cut.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="m", messages=_messages(url, "提取图中的文字。"), stop="ID No", stream=True) if c.choices)
+    assert streamed == text[:text.index("ID No")]
 
 
 def test_chat_free_question_on_cpu_engine_falls_back_to_text(client, card_url):
@@ -127,6 +142,12 @@ def test_models_lists_the_served_model(client):
     models = client.models.list().data
     assert [m.id for m in models] == ["rapidocr-pp-ocrv6"]
     assert models[0].model_extra["hyocr"]["engine"] == "rapidocr"
+    # the SDK's retrieve (a client's model check) answers the same entry, and an unknown id is a 404
+    one = client.models.retrieve("rapidocr-pp-ocrv6")
+    assert one.id == "rapidocr-pp-ocrv6" and one.model_extra["hyocr"]["engine"] == "rapidocr"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("tencent/HunyuanOCR")
+    assert missing.value.body["code"] == "model_not_found" and "rapidocr-pp-ocrv6" in missing.value.body["message"]
 
 
 @pytest.mark.parametrize(
@@ -134,17 +155,20 @@ def test_models_lists_the_served_model(client):
     [
         ({"n": 2}, "n"),
         ({"temperature": 5}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),  # Python's json writes NaN; it is no number
         ({"max_tokens": 10**7}, "max_tokens"),
         ({"top_p": 0}, "top_p"),
         ({"chat_template": "{{ evil }}"}, "chat_template"),
         ({"mm_processor_kwargs": {"max_pixels": 10**9}}, "mm_processor_kwargs"),
         ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs, as OpenAI refuses it
     ],
 )
 def test_chat_parameter_validation(rapid_server, card_url, change, param):
     _, url = card_url
     body = {"model": "m", "messages": _messages(url, "提取图中的文字。"), **change}
-    r = requests.post(f"{rapid_server.url}/v1/chat/completions", json=body, timeout=30)
+    r = requests.post(f"{rapid_server.url}/v1/chat/completions", data=json.dumps(body), timeout=30,
+                      headers={"Content-Type": "application/json"})  # json.dumps writes NaN; requests' json= won't
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
 
@@ -162,6 +186,21 @@ def test_chat_shape_errors(rapid_server, card_url):
     assert bad_part.status_code == 400
     bad_b64 = post({"messages": _messages("data:image/png;base64,@@@", "hi")})
     assert bad_b64.status_code == 400 and bad_b64.json()["error"]["code"] == "invalid_image"
+    # errors name the field that is wrong (not the first branch of a union, nor /v1/ocr's "image")
+    image = {"type": "image_url", "image_url": {"url": url}}
+    for content, param in (([{"type": "text"}], "messages.0.content.0.text"),
+                           ([{"type": "image_url", "image_url": {}}], "messages.0.content.0.image_url.url"),
+                           ("hello", "messages"), ([image] * 9, "messages")):
+        r = post({"messages": [{"role": "user", "content": content}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (content, r.text)
+    in_system = post({"messages": [{"role": "system", "content": [image]}, {"role": "user", "content": "read"}]})
+    assert in_system.status_code == 400 and "user message" in in_system.json()["error"]["message"]
+    complete = lambda body: requests.post(f"{rapid_server.url}/v1/completions", json=body, timeout=30)  # noqa: E731
+    for prompt in ([1, 2, 3], [[1, 2]]):
+        r = complete({"prompt": prompt})
+        assert r.status_code == 400 and "token-id prompts" in r.json()["error"]["message"], r.text
+    long = complete({"prompt": "x" * 1_000_001})
+    assert long.status_code == 400 and long.json()["error"]["code"] == "text_too_long"
 
 
 def test_openai_client_raises_typed_errors(client):

@@ -53,6 +53,16 @@ def test_a_bad_page_range_is_reported_and_the_exit_status_says_so(tmp_path, rapi
         assert "page 7 is out of range; the document has 3 pages" in done.stderr, done.stderr
 
 
+def test_a_document_past_one_request_names_the_command_that_reads_it_whole(tmp_path, rapid_server):
+    path = tmp_path / "manual of 70 pages.pdf"  # a real manual runs to hundreds (valgrind's: 397)
+    path.write_bytes(pdfs.many_pages_pdf(70))
+    for remote in ([], ["--url", rapid_server.url]):
+        done = _run("ocr", str(path), *remote)
+        assert done.returncode == 1
+        assert "the document has 70 pages; at most 64" in done.stderr, done.stderr
+        assert f"hyocr batch '{path}' -o DIR" in done.stderr, done.stderr
+
+
 def test_a_terminal_gets_a_progress_bar_per_document(tmp_path, rapid_server):
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal 100 columns wide

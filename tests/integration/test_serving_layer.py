@@ -10,6 +10,7 @@ import json
 import socket
 import time
 
+import pytest
 import requests
 from imaging import card
 
@@ -239,10 +240,12 @@ def test_an_unexpected_error_is_a_json_500_and_the_connection_stays_usable(fake_
         assert session.get(f"{server.url}/health", timeout=10).status_code == 200
 
 
-def test_a_body_that_never_arrives_gets_a_408_not_a_held_connection(fake_server_factory):
+@pytest.mark.parametrize("path", ["/v1/ocr", "/v1/chat/completions", "/v1/completions"])
+def test_a_body_that_never_arrives_gets_a_408_not_a_held_connection(fake_server_factory, path):
+    # chat and completions: FastAPI reads their pydantic bodies itself and made the timeout a 400
     server = fake_server_factory(body_timeout=1)
-    head = (b"POST /v1/ocr HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000\r\n\r\n")
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000\r\n\r\n").encode()
     started = time.monotonic()
     reply = _raw(server.port, head, b'{"image":')
     assert time.monotonic() - started < 10
@@ -251,6 +254,18 @@ def test_a_body_that_never_arrives_gets_a_408_not_a_held_connection(fake_server_
     assert json.loads(rest.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "body_timeout"
     # A complete body, however slow its parts, is served as before.
     assert _chat(server.url, "hello").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/ocr", "/v1/chat/completions", "/v1/completions"])
+def test_a_chunked_body_past_the_cap_is_a_413_on_every_route(fake_server_factory, path):
+    server = fake_server_factory(max_body_bytes=200_000)  # no Content-Length: counted as it streams
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n").encode()
+    chunks = [b'{"model": "x", "prompt": "'] + [b"a" * 65536] * 5
+    reply = _raw(server.port, head, b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks))
+    status, _, rest = reply.partition(b"\r\n")
+    assert status.startswith(b"HTTP/1.1 413"), reply[:300]
+    assert json.loads(rest.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "payload_too_large"
 
 
 def test_a_client_leaving_mid_body_is_a_499_not_an_error(fake_server_factory, caplog):

@@ -4,6 +4,7 @@ account names, non-ASCII, case), a token without a subject owns nothing, and rat
 from __future__ import annotations
 
 import base64
+import json
 import time
 
 import jwt
@@ -113,3 +114,96 @@ def test_rate_limits_count_each_whole_identity(fake_server_factory):
     limited = requests.get(f"{server.url}/v1/jobs", headers=alice, timeout=10)
     assert limited.status_code == 429 and limited.headers["retry-after"].isdigit()
     assert requests.get(f"{server.url}/v1/jobs", headers=bob, timeout=10).status_code == 200  # Bob's own window
+
+
+# ---------------------------------------------------------------- one tenant posing as another
+
+
+def test_a_webhook_verifies_only_with_its_own_callers_secret(fake_server_factory):
+    """Bob points his job's callback at Alice's receiver, with the header it expects: the server signs it with
+    Bob's secret, so Alice's receiver, verifying with hers, rejects it, and accepts her own job's event."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from standardwebhooks import Webhook
+
+    seen: list[tuple[dict, bytes]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append((dict(self.headers), self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        server = fake_server_factory(ui=False, api_keys="alice-key-0123456789,bob-key-0123456789",
+                                     media_fetch_allow_private=True)
+        alice, bob = ({"Authorization": f"Bearer {who}-key-0123456789"} for who in ("alice", "bob"))
+        secrets = [requests.get(f"{server.url}/v1/webhooks/secret", headers=h, timeout=10).json()["secret"]
+                   for h in (alice, bob)]
+        assert secrets[0] != secrets[1]
+        hook = {"callback_url": f"http://127.0.0.1:{receiver.server_address[1]}/hook",
+                "callback_headers": {"X-Receiver-Token": "alices-receiver"}}
+        ids = {}
+        for name, headers in (("bob", bob), ("alice", alice)):
+            job = requests.post(f"{server.url}/v1/jobs", json={"image": _image(), "task": "text", **hook},
+                                headers=headers, timeout=30).json()
+            ids[job["id"]] = name
+        deadline = time.monotonic() + 60
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        receiver.shutdown()
+    assert len(seen) == 2, seen
+    verdicts = {}
+    for headers, body in seen:
+        job_id = json.loads(body)["data"]["id"]
+        try:
+            Webhook(secrets[0]).verify(body, {k.lower(): v for k, v in headers.items()})
+            verdicts[ids[job_id]] = True
+        except Exception:
+            verdicts[ids[job_id]] = False
+    assert verdicts == {"alice": True, "bob": False}
+
+
+def test_issuer_and_subject_pairs_that_join_alike_are_two_owners(jwt_server):
+    """jwt_id separates issuer and subject with a NUL: ("a\0b", "c") and ("a", "b\0c") are two callers (NULs
+    inside are escaped), and an issuer that is not a string (5 against "5") is refused."""
+    url = jwt_server.url
+    one, other = _token("c", iss="a\0b"), _token("b\0c", iss="a")
+    job = requests.post(f"{url}/v1/jobs", json={"image": _image(), "task": "text"}, headers=one, timeout=30).json()
+    assert requests.get(f"{url}/v1/jobs/{job['id']}", headers=one, timeout=10).status_code == 200
+    assert requests.get(f"{url}/v1/jobs/{job['id']}", headers=other, timeout=10).status_code == 404
+    for iss in (5, ["x"]):  # PyJWT will not write these; a signer of another library may
+        claims = json.dumps({"exp": int(time.time()) + 60, "sub": "c", "iss": iss}).encode()
+        token = jwt.api_jws.encode(claims, SECRET, algorithm="HS256")
+        r = requests.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_token_claims", (iss, r.text)
+
+
+def test_a_credential_header_sent_twice_with_different_values_is_refused(fake_server_factory):
+    import httpx
+
+    server = fake_server_factory(ui=False, api_keys="alice-key-0123456789,bob-key-0123456789")
+    a, b = "alice-key-0123456789", "bob-key-0123456789"
+    for headers in ([("Authorization", "Bearer wrong"), ("Authorization", f"Bearer {a}")],
+                    [("X-API-Key", a), ("X-API-Key", b)], [("X-API-Key", "wrong"), ("X-API-Key", a)]):
+        r = httpx.get(f"{server.url}/v1/jobs", headers=headers, timeout=10)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "conflicting_credentials", (headers, r.text)
+    same = httpx.get(f"{server.url}/v1/jobs", headers=[("X-API-Key", a), ("X-API-Key", a)], timeout=10)
+    assert same.status_code == 200  # a proxy that repeats a header is not a conflict
+
+
+def test_the_jobs_database_is_readable_by_the_servers_user_only(fake_server_factory, tmp_path):
+    data = tmp_path / "fresh" / "data"
+    server = fake_server_factory(ui=False, data_dir=str(data))
+    job = requests.post(f"{server.url}/v1/jobs", json={"image": _image(), "task": "text"}, timeout=30).json()
+    assert _finished(server.url, job["id"], {})["status"] == "succeeded"
+    assert data.stat().st_mode & 0o777 == 0o700
+    files = [p for p in data.iterdir() if p.name.startswith("jobs.db")]
+    assert files and all(p.stat().st_mode & 0o077 == 0 for p in files), [(p.name, oct(p.stat().st_mode)) for p in files]

@@ -187,3 +187,44 @@ def test_upstream_refusal_is_passed_on_as_a_400_and_does_not_trip_the_breaker(sc
         r = _chat(front.url, "q")
         assert r.status_code == 400 and "longer than the context" in r.json()["error"]["message"]
     assert _chat(front.url, "q").status_code == 200
+
+
+def test_a_probe_that_ends_without_an_answer_does_not_wedge_the_breaker(scripted):
+    """Half-open lets one probe through. A probe whose event is not JSON re-opens the breaker; a probe whose
+    caller hangs up before the upstream answers releases it. Either way a later request probes again and,
+    the upstream well, closes it (the probe's end went unrecorded: every request was a 503 until restart)."""
+    garbage = _sse_head() + b"data: <html>not json</html>\n\n"
+    hang = {"left": 1}
+
+    upstream, front = scripted([_response(500, b"{}")] * 5 + [garbage, "hang", GOOD_STREAM, GOOD_STREAM])
+    answer = upstream.answer
+
+    def slow(head: bytes, body: bytes):
+        reply = answer(head, body)
+        if reply == "hang":  # the upstream holds this request past the client's patience
+            time.sleep(2.0)
+            hang["left"] -= 1
+            return None
+        return reply
+
+    upstream.answer = slow
+    breaker = front.engine.breaker
+    breaker.reset_timeout = 0.5
+    for _ in range(5):
+        assert _chat(front.url, "q").status_code == 500
+    assert _chat(front.url, "q").json()["error"]["code"] == "circuit_open"
+    time.sleep(0.6)
+    probe = _chat(front.url, "q")  # not JSON: a failure, open again
+    assert probe.status_code == 500 and breaker.state == "open"
+    time.sleep(0.6)
+    with pytest.raises(requests.exceptions.ReadTimeout):  # this probe's caller leaves
+        requests.post(f"{front.url}/v1/chat/completions", timeout=0.5, json={"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + IMAGE}},
+            {"type": "text", "text": "q"}]}]})
+    deadline = time.monotonic() + 10
+    while hang["left"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.2)
+    recovered = _chat(front.url, "q")
+    assert recovered.status_code == 200, recovered.text
+    assert breaker.state == "closed" and _chat(front.url, "q").status_code == 200

@@ -64,7 +64,7 @@ class Receiver:
     def verified(self, i: int) -> dict:
         """The i-th delivery's payload, verified as a receiver would (raises if the signature is bad)."""
         _, headers, body = self.seen[i]
-        return Webhook(SECRET).verify(body, headers)
+        return Webhook(SIGNER.owner_secret("key-acme")).verify(body, headers)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -86,7 +86,7 @@ def receiver() -> Iterator:
 
 async def send(url: str, attempt: int = 1, policy: FetchPolicy = LOOPBACK, **kw) -> Outcome:
     delivery = Delivery(id="msg_job_1_succeeded", url=url, headers=kw.pop("headers", {}), body=BODY,
-                        attempt=attempt)
+                        attempt=attempt, owner="key-acme")
     kw = {"timeout": 3.0, "max_attempts": 5, "backoff_base": 0.01, **kw}
     return await deliver(delivery, SIGNER, policy, **kw)
 

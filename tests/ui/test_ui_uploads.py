@@ -258,6 +258,47 @@ def test_gradios_screen_recording_route_is_closed(ui, tmp_path):
     assert refused(response, 404)["type"] == "not_found_error"
 
 
+def test_gradios_url_fetching_is_closed_and_its_errors_are_the_apis(ui):
+    """``file=<URL>`` made the server fetch any public URL for any caller (loopback and private addresses were
+    Gradio's 403): 404 here, before Gradio, for every spelling of a URL; Gradio's own {"detail"} errors
+    leave in the API's error shape."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    hits = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    target = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=target.serve_forever, daemon=True).start()
+    make, _ = ui
+    server = make()
+    try:
+        port = target.server_address[1]
+        for url in (f"http://127.0.0.1:{port}/x.png", f"HTTPS://127.0.0.1:{port}/x.png", f"//127.0.0.1:{port}/x",
+                    "http://93.184.215.14/index.html", "ftp://example.org/a"):
+            for path in ("/ui/gradio_api/file=", "/ui/gradio_api/proxy=", "/ui/gradio_api/file/"):
+                response = httpx.get(server.url + path + url, timeout=30)
+                assert refused(response, 404)["code"] == "not_found", (path, url, response.text)
+    finally:
+        target.shutdown()
+    assert hits == []
+    for method, path, status in (("GET", "/ui/gradio_api/file=/etc/passwd", 403), ("GET", "/ui/nope", 404),
+                                 ("POST", "/ui/gradio_api/queue/join", 422)):
+        response = httpx.request(method, server.url + path, json={} if method == "POST" else None, timeout=30)
+        error = refused(response, status)
+        assert error["message"] and error["code"] == f"ui_http_{status}", (path, error)
+        assert "detail" in response.json()  # what Gradio's own page shows
+    assert httpx.get(server.url + "/ui/config", timeout=30).status_code == 200  # the page still loads
+
+
 def test_no_ui_folder_or_cached_file_is_left_once_the_app_stops(ui):
     make, folder = ui
     server = make()

@@ -152,18 +152,18 @@ def test_result_before_the_end_is_a_conflict_and_not_retried():
 
 def test_cancel_delete_list_and_get():
     deleted = {"id": "job-1", "object": "ocr.job.deleted", "deleted": True}
-    server = Server({("DELETE", "/v1/jobs/job-1"): [httpx.Response(200, json=job("cancelled")),
-                                                    httpx.Response(200, json=deleted),
-                                                    httpx.Response(200, json=job("cancelled")),
+    server = Server({("POST", "/v1/jobs/job-1/cancel"): [httpx.Response(200, json=job("cancelled")),
+                                                         httpx.Response(200, json=job("succeeded"))],
+                     ("DELETE", "/v1/jobs/job-1"): [httpx.Response(200, json=job("cancelled")),
                                                     httpx.Response(200, json=deleted)],
                      ("GET", "/v1/jobs"): [httpx.Response(200, json={"object": "list", "data": [job()],
                                                                      "has_more": True})],
                      ("GET", "/v1/jobs/nope"): [httpx.Response(404, json={"error": {"message": "no job"}})]})
     sync, _, _ = clients(server)
     assert sync.cancel_job("job-1").status == "cancelled"
-    assert sync.cancel_job("job-1") is None  # it had finished: deleted
+    assert sync.cancel_job("job-1").status == "succeeded"  # it had finished: answered as it is, not deleted
     sync.delete_job("job-1")  # active: cancelled, then deleted
-    assert [r.method for r in server.requests] == ["DELETE"] * 4
+    assert [r.method for r in server.requests] == ["POST", "POST", "DELETE", "DELETE"]
     page_ = sync.list_jobs(limit=5, after="job-0")
     assert page_.has_more and [j.id for j in page_] == ["job-1"] and len(page_) == 1
     params = server.requests[-1].url.params

@@ -29,6 +29,11 @@ def test_normalisation_as_omnidocbench_does_it():
     assert (s.ned_edits, s.ned_length) == (2, 10) and s.ned == pytest.approx(0.2)
     assert text.score_text("Hello, World!", "hello world", fold_case=True).ned == 0.0
     assert text.score_text("Hello, World!", "hello world", fold_case=True).char_edits == 2  # , and !
+    # a dot leader is fill, not text: the text layer's 37 dots and an OCR's two score alike
+    contents = "2.1 ASN.1 syntax" + ". " * 37 + "2\nNaming \u00b7\u00b7\u00b7\u00b7\u00b7 3"
+    assert text.normalize(contents) == "2.1 ASN.1 syntax 2 Naming 3"
+    assert text.score_text(contents, "2.1 ASN.1 syntax .... 2\nNaming . . . . 3").char_edits == 0
+    assert text.normalize("wait... and 1.2.3") == "wait... and 1.2.3"  # an ellipsis, a version: kept
     empty = text.score_text("", "")
     assert empty.cer is None and empty.ned == 0.0 and empty.char_edits == 0
     assert text.score_text("", "noise").cer is None and text.score_text("", "noise").char_edits == 5

@@ -41,6 +41,23 @@ def test_a_line_per_document_with_its_task_from_its_truth(folder):
     assert card.document.rel == "a.png" and loaded.fingerprint() == load_manifest(folder / "set.jsonl", {}).fingerprint()
 
 
+def test_a_tiff_of_several_pages_takes_truths_per_page_as_a_pdf(folder):
+    import io
+
+    from PIL import Image
+
+    fax, single = io.BytesIO(), io.BytesIO()
+    Image.new("1", (64, 32), 1).save(fax, "TIFF", save_all=True, append_images=[Image.new("1", (64, 32), 1)])
+    Image.new("1", (64, 32), 1).save(single, "TIFF")
+    (folder / "fax.tif").write_bytes(fax.getvalue())
+    (folder / "one.tif").write_bytes(single.getvalue())
+    loaded = load_manifest(manifest(folder, {"path": "fax.tif", "pages": [{"page": 2, "text": "B"}]}), {})
+    (paged,) = loaded.samples
+    assert paged.document.overrides["pages"] == "2" and [t.page for t in paged.truths] == [1]
+    with pytest.raises(EvalError, match="is an image"):
+        load_manifest(manifest(folder, {"path": "one.tif", "pages": "1", "truth": {"text": "x"}}), {})
+
+
 def test_the_command_line_task_and_a_schema(folder):
     schema = {"type": "object", "properties": {"merchant": {"type": "string"}, "total": {"type": "number"}}}
     loaded = load_manifest(manifest(folder, {"path": "a.png", "schema": schema, "truth": {"fields": {"total": 1}}},

@@ -26,6 +26,18 @@ async def _store(tmp_path) -> JobStore:
     return store
 
 
+async def _jobs(store: JobStore, *ids: str) -> None:
+    """Finished jobs for deliveries to belong to (a delivery is signed with its job owner's secret)."""
+    from sqlalchemy import insert
+
+    from hyocr.jobs.schema import jobs
+
+    async with store.engine.begin() as db:
+        await db.execute(insert(jobs), [{"id": i, "owner": "key-test", "status": "succeeded", "created_at": time.time(),
+                                         "call": {}, "pdf": 0, "pages_total": 1, "task": "text",
+                                         "requested_task": "text", "model": "m", "engine": "fake"} for i in ids])
+
+
 def test_receivers_are_host_and_port():
     assert receiver("https://Hooks.Example.com/a") == receiver("https://hooks.example.com:443/b")
     assert receiver("http://h.test/x") != receiver("http://h.test:8080/x")
@@ -48,6 +60,7 @@ def test_two_replicas_never_send_one_delivery_and_each_receiver_is_bounded(tmp_p
         replicas = [Outbox(store.engine, SETTINGS, policy=FetchPolicy(())) for _ in range(2)]
         for box in replicas:
             box.signer = object()
+        await _jobs(store, *(f"job-{n}" for n in range(5)), "job-x")
         for n in range(5):
             await replicas[0].add(f"slow-{n}", f"job-{n}", "http://slow.test/hook", None, b"{}")
         await replicas[0].add("other", "job-x", "http://other.test/hook", None, b"{}")
@@ -72,6 +85,7 @@ def test_a_claim_that_lapses_makes_the_delivery_due_again(tmp_path):
     async def scenario():
         store = await _store(tmp_path)
         box = Outbox(store.engine, SETTINGS, policy=FetchPolicy(()))
+        await _jobs(store, "job-1")
         await box.add("d1", "job-1", "http://h.test/x", None, b"{}")
         (due,) = await box.due(time.time())
         assert await box.claim(due, hold=0.2) is True

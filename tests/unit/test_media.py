@@ -191,7 +191,7 @@ def _frames(fmt: str, **options) -> bytes:
     return encode(frames[0], fmt, save_all=True, append_images=frames[1:], **options)
 
 
-@pytest.mark.parametrize("fmt", ["GIF", "TIFF", "WEBP"])
+@pytest.mark.parametrize("fmt", ["GIF", "WEBP"])  # animations; a TIFF's frames are pages (below)
 def test_multi_frame_files_give_the_first_frame(fmt):
     data = _frames(fmt, lossless=True) if fmt == "WEBP" else _frames(fmt)
     assert Image.open(io.BytesIO(data)).n_frames == 3
@@ -400,3 +400,57 @@ def test_arbitrary_text_only_raises_client_errors_from_decode_base64(text):
 def test_an_empty_file_is_called_empty():
     with pytest.raises(InvalidMedia, match="the file is empty"):
         load_image(b"", DEFAULT)
+
+
+def test_a_multi_page_tiff_is_a_document_not_its_first_page():
+    """A fax or a scanner's TIFF holds a document: as one image, reading page 1 alone lost the rest without a
+    word; it is refused as one image and its pages are read one by one (pipeline/inputs.py)."""
+    from PIL import ImageDraw
+
+    from hyocr.pipeline.media import decode_image, is_document, probe_image
+    from hyocr.pipeline.tiff import tiff_page_frames
+
+    pages = [Image.new("1", (600 + 10 * i, 300), 1) for i in range(3)]
+    for i, page in enumerate(pages):
+        ImageDraw.Draw(page).rectangle((20, 20, 60 + 40 * i, 60), fill=0)
+    fax = io.BytesIO()
+    pages[0].save(fax, "TIFF", save_all=True, append_images=pages[1:], compression="group4")
+    data = fax.getvalue()
+    with pytest.raises(InvalidMedia) as refused:
+        load_image(data, MediaLimits())
+    assert refused.value.code == "multi_page_tiff" and "document" in refused.value.message
+    assert tiff_page_frames(data) == (0, 1, 2) and is_document(data)
+    third = decode_image(probe_image(data, MediaLimits(), index=2, frame=2))
+    assert third.image.size == (620, 300) and third.index == 2
+    assert third.image.getpixel((130, 40)) == (0, 0, 0) and third.image.getpixel((170, 40)) == (255, 255, 255)
+    single = io.BytesIO()
+    pages[1].save(single, "TIFF", compression="group4")
+    assert tiff_page_frames(single.getvalue()) == (0,) and not is_document(single.getvalue())
+    assert load_image(single.getvalue(), MediaLimits()).image.size == (610, 300)
+
+
+def test_a_chain_of_a_hundred_thousand_tiff_headers_is_walked_no_further_than_needed():
+    """Pillow's n_frames walked every header, quadratically (60,000 took 18 s on a request's thread): hyocr
+    reads the chain itself, at most MAX_TIFF_FRAMES headers, and only two to tell a document."""
+    import struct
+
+    from hyocr.pipeline.media import is_document
+    from hyocr.pipeline.tiff import MAX_TIFF_FRAMES, tiff_page_frames
+
+    one = io.BytesIO()
+    Image.new("L", (1, 1), 255).save(one, "TIFF")
+    data = bytearray(one.getvalue())
+    (first,) = struct.unpack("<I", data[4:8])
+    (count,) = struct.unpack("<H", data[first:first + 2])
+    chain = bytearray()
+    start = len(data)
+    for n in range(100_000):  # an IFD of one entry (ImageWidth 1), then the next one's offset
+        here = start + len(chain)
+        chain += struct.pack("<HHHII", 1, 256, 4, 1, 1) + struct.pack("<I", here + 18 if n < 99_999 else 0)
+    data[first + 2 + 12 * count:first + 6 + 12 * count] = struct.pack("<I", start)
+    data += chain
+    started = time.perf_counter()
+    assert len(tiff_page_frames(bytes(data))) == MAX_TIFF_FRAMES and is_document(bytes(data))
+    with pytest.raises(InvalidMedia, match="several pages"):
+        load_image(bytes(data), MediaLimits())
+    assert time.perf_counter() - started < 5  # a few hundred ms here; minutes before

@@ -45,7 +45,7 @@ def test_page_selection(spec, expected):
     ("11", "page 11 is out of range; the document has 10 pages"),
     ("2-12", "page 12 is out of range; the document has 10 pages"),
     ("0", "the first page is 1"),
-    ("5-2", "'5-2' is not a range"),
+    ("5-2", "'5-2' is not a range of pages (a range runs from its first page to its last)"),
     ("x", "'x' is not a page number or range"),
     ("1,,2", "'' is not a page number"),
     ("-3", "'-3' is not a page number"),
@@ -69,7 +69,9 @@ def test_the_page_cap_applies_to_the_pages_read_and_is_checked_before_listing_th
     with pytest.raises(InvalidRequest) as exc:
         parse_pages(None, 5000, max_pages=64)
     assert exc.value.code == "too_many_pages" and "the document has 5000 pages" in exc.value.message
-    assert "pages=1-64" in exc.value.message
+    assert "pages=1-64" in exc.value.message and "/v1/jobs, hyocr batch" in exc.value.message
+    with pytest.raises(InvalidRequest, match="pages=300-363"):  # the hint starts where the selection does
+        parse_pages("300-", 5000, max_pages=64)
     with pytest.raises(InvalidRequest, match="pages selects 1000000000 pages; at most 64"):
         parse_pages("1-1000000000", 10**9, max_pages=64)  # a hostile /Count: nothing is materialised
 

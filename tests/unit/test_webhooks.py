@@ -29,20 +29,37 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # the Standard Webhooks spec'
 
 def test_signature_verifies_with_the_reference_library() -> None:
     body = event_body("job.succeeded", {"id": "job_1", "status": "succeeded"}, time.time())
-    headers = WebhookSigner(SECRET).headers("msg_1", body, time.time())
+    signer = WebhookSigner(SECRET)
+    headers = signer.headers("msg_1", body, time.time(), "key-alice")
     assert set(headers) == {"webhook-id", "webhook-timestamp", "webhook-signature"}
     assert headers["webhook-id"] == "msg_1" and headers["webhook-timestamp"].isdigit()
     assert headers["webhook-signature"].startswith("v1,")
-    assert Webhook(SECRET).verify(body, headers)["data"]["id"] == "job_1"
+    assert Webhook(signer.owner_secret("key-alice")).verify(body, headers)["data"]["id"] == "job_1"
+
+
+def test_each_owner_signs_with_its_own_secret() -> None:
+    """One caller cannot have the server sign an event that another caller's receiver accepts: each
+    verifies with its own secret, which is neither the server's nor derivable from another's."""
+    signer = WebhookSigner(SECRET)
+    alice, bob = signer.owner_secret("key-alice"), signer.owner_secret("key-bob")
+    assert len({alice, bob, SECRET}) == 3 and len(Webhook(alice)._whsecret) == 32
+    assert WebhookSigner(SECRET).owner_secret("key-alice") == alice  # the same on every replica
+    body = event_body("job.succeeded", {"id": "job_of_bob"}, time.time())
+    from_bob = signer.headers("msg_2", body, time.time(), "key-bob")
+    assert Webhook(bob).verify(body, from_bob)
+    for wrong in (alice, SECRET):
+        with pytest.raises(WebhookVerificationError):
+            Webhook(wrong).verify(body, from_bob)
 
 
 def test_tampered_body_or_other_secret_fails(tmp_path) -> None:
     body = event_body("job.failed", {"id": "job_1"}, time.time())
-    headers = WebhookSigner(SECRET).headers("msg_1", body, time.time())
+    signer = WebhookSigner(SECRET)
+    headers = signer.headers("msg_1", body, time.time(), "anonymous")
     with pytest.raises(WebhookVerificationError):
-        Webhook(SECRET).verify(body.replace(b"job_1", b"job_2"), headers)
+        Webhook(signer.owner_secret("anonymous")).verify(body.replace(b"job_1", b"job_2"), headers)
     with pytest.raises(WebhookVerificationError):
-        Webhook(load_secret(None, tmp_path)).verify(body, headers)
+        Webhook(WebhookSigner(load_secret(None, tmp_path)).owner_secret("anonymous")).verify(body, headers)
 
 
 def test_signer_repr_hides_the_secret() -> None:

@@ -28,7 +28,7 @@ from ..pipeline.service import OcrService, result_of
 from ..types import ChatDone, Started
 from .bodies import completion_body, ocr_body
 from .convert import chat_call, completion_call, ocr_call
-from .errors import error_body, hyocr_error_body, internal_message, validation_message
+from .errors import error_body, hyocr_error_body, internal_message, validation_code, validation_message
 from .protocol import ChatCompletionRequest, CompletionRequest, OcrJsonRequest
 
 log = logging.getLogger("hyocr.api")
@@ -51,7 +51,8 @@ class LineAnswerer:
             return await self._answer(endpoint, request, request_id)
         except ValidationError as exc:
             message, param = validation_message(exc.errors())
-            return Answered(400, error_body(message, "invalid_request_error", param), request_id)
+            return Answered(400, error_body(message, "invalid_request_error", param, validation_code(exc.errors())),
+                            request_id)
         except HyocrError as exc:
             status, body = hyocr_error_body(exc, request_id)
             return Answered(status, body, request_id)

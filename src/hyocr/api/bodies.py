@@ -73,7 +73,7 @@ def _page(page: PageResult) -> Page:
         fields=page.fields,
         error=page.error,
         dpi=page.dpi,  # PDF pages: the resolution it was rendered at
-        source=page.source,  # PDF pages: "render" (OCR) or "text_layer" (the PDF's own text)
+        source=page.source,  # PDF pages: "render" (OCR) or "text_layer" (its own text); TIFF pages: "image"
     )
 
 

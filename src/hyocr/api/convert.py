@@ -177,6 +177,10 @@ def chat_call(req: ChatCompletionRequest, settings: Settings) -> OcrCall:
     for i, message in enumerate(req.messages):
         if message.role in ("system", "developer"):
             if isinstance(message.content, list):
+                for j, part in enumerate(message.content):
+                    if isinstance(part, ImagePart):  # dropped, it left "an image is required" unexplained
+                        raise InvalidRequest(f"images go in the user message, not the {message.role} message",
+                                             param=f"messages.{i}.content.{j}")
                 system_parts += [p.text for p in message.content if p.type == "text"]
             elif message.content:
                 system_parts.append(message.content)
@@ -204,6 +208,13 @@ def chat_call(req: ChatCompletionRequest, settings: Settings) -> OcrCall:
                 media.append(_media_from_url(url, f"messages.{index}.content.{j}.image_url", settings))
             else:
                 texts.append(part.text)
+    if not media:  # the service's own check would name /v1/ocr's field, which chat has not
+        raise InvalidRequest("an image is required: an image_url part in the user message", param="messages")
+    if len(media) > settings.max_images_per_request:
+        raise InvalidRequest(f"{len(media)} images given; at most {settings.max_images_per_request} per request",
+                             param="messages")
+    if (req.model_extra or {}).get("top_logprobs") is not None and not req.logprobs:  # as OpenAI answers it
+        raise InvalidRequest("top_logprobs needs logprobs", param="top_logprobs")
     sampling = replace(sampling_from(req, settings), structured=structured_from(req))
     return prompt_call("\n".join(texts), media, sampling, system="\n".join(system_parts), model=req.model)
 

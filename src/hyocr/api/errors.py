@@ -7,6 +7,7 @@ a traceback or a repr to the client: they are logged with the request id, and th
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -82,17 +83,37 @@ def hyocr_error_body(exc: HyocrError, request_id: str) -> tuple[int, dict]:
     return exc.status, error_body(exc.shown(internal_message(request_id)), exc.type, None, exc.code)
 
 
+# pydantic names a union's branch in an error's location ("str", "constrained-str", "list[ContentPart]"):
+# no request field is spelt so, and the caller needs the field, not the branch
+# (and a model's class name, "ImageURL"); a tagged union repeats its tag before the field ("text.text")
+_BRANCH = re.compile(r"^(?:str|int|float|bool|constrained-\w+|[\w-]+\[.*\]|[A-Z][A-Za-z]*[a-z][A-Za-z]*|[A-Z]+)$")
+
+
 def validation_message(errors: list) -> tuple[str, str | None]:
-    """The first pydantic error as one readable line, and the parameter it concerns."""
+    """One pydantic error as one readable line, and the parameter it concerns. Of a union's errors the one
+    that went deepest into the value is meant: a list of content parts with a bad part is about that part,
+    not about not being a string (the first branch)."""
     if not errors:
         return "invalid request", None
-    err = errors[0]
-    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
-    param = ".".join(loc) or None
+    err = _chosen(errors)
     if err.get("type") == "json_invalid":
         return "request body is not valid JSON", None
-    msg = str(err.get("msg", "invalid value"))
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
+    fields = [p for p in loc if not _BRANCH.match(p)]
+    param = ".".join(p for i, p in enumerate(fields) if i == 0 or p != fields[i - 1] or p.isdigit()) or None
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if err.get("type") == "string_too_long":
+        msg = "the text is too long (" + msg[0].lower() + msg[1:] + ")"
     return (f"{param}: {msg}" if param else msg), param
+
+
+def validation_code(errors: list) -> str | None:
+    """The error code of ``validation_message``'s error: ``text_too_long`` as chat's own length check says."""
+    return "text_too_long" if errors and _chosen(errors).get("type") == "string_too_long" else None
+
+
+def _chosen(errors: list) -> dict:
+    return max(errors, key=lambda e: len(e.get("loc", ())))  # max keeps the first of equals
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -104,12 +125,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = validation_message(exc.errors())
-        return error_response(400, message, "invalid_request_error", param)
+        return error_response(400, message, "invalid_request_error", param, validation_code(exc.errors()))
 
     @app.exception_handler(ValidationError)
     async def _pydantic(request: Request, exc: ValidationError) -> JSONResponse:
         message, param = validation_message(exc.errors())
-        return error_response(400, message, "invalid_request_error", param)
+        return error_response(400, message, "invalid_request_error", param, validation_code(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -83,22 +83,42 @@ class BodyLimitMiddleware:
         seen = 0
         complete = False
         deadline = asyncio.get_running_loop().time() + self.timeout
+        tripped: BodyTimeout | PayloadTooLarge | None = None
+        started = False
 
         async def counted_receive() -> Message:
-            nonlocal seen, complete
+            nonlocal seen, complete, tripped
             if complete:  # later receives wait for the client's disconnect, for as long as a response takes
                 return await receive()
             try:
                 async with asyncio.timeout_at(deadline):
                     msg = await receive()
             except TimeoutError:
-                raise BodyTimeout(f"the request body did not arrive within {self.timeout:g} s",
-                                  headers={"Connection": "close"}) from None
+                tripped = BodyTimeout(f"the request body did not arrive within {self.timeout:g} s",
+                                      headers={"Connection": "close"})
+                raise tripped from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > cap:
-                    raise PayloadTooLarge(message)
+                    tripped = PayloadTooLarge(message, headers={"Connection": "close"})
+                    raise tripped
                 complete = not msg.get("more_body", False)
             return msg
 
-        await self.app(scope, counted_receive, send)
+        # FastAPI reads a pydantic body itself and answers anything its read raises with a 400 "error parsing
+        # the body" (chat, completions): once the cap or the deadline tripped, that answer is replaced by ours.
+        async def guarded_send(msg: Message) -> None:
+            nonlocal started
+            if tripped is not None and not started:
+                return
+            started = started or msg["type"] == "http.response.start"
+            await send(msg)
+
+        try:
+            await self.app(scope, counted_receive, guarded_send)
+        except (BodyTimeout, PayloadTooLarge) as exc:
+            if exc is not tripped or started:
+                raise
+        if tripped is not None and not started:
+            await send_json_error(send, tripped.status, tripped.message, tripped.code,
+                                  headers=[(b"connection", b"close")])

@@ -55,7 +55,7 @@ MediaStr = Annotated[str, Field(max_length=sys.maxsize), WithJsonSchema({"type":
 
 
 class WireModel(BaseModel):
-    model_config = ConfigDict(extra="allow", str_max_length=MAX_TEXT_CHARS)
+    model_config = ConfigDict(extra="allow", str_max_length=MAX_TEXT_CHARS, allow_inf_nan=False)
 
     def refused_field(self) -> str | None:
         extra = self.model_extra or {}
@@ -168,6 +168,14 @@ class CompletionRequest(SamplingFields, StructuredFields):
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _text_prompt(cls, value: Any) -> Any:
+        # OpenAI's completions also take token ids ([1, 2] or [[1, 2]]): the model's prompt is hyocr's to build
+        if isinstance(value, list) and value and all(isinstance(v, int | list) for v in value):
+            raise ValueError("token-id prompts are not supported: send the prompt as text")
+        return value
 
 
 # ---------------------------------------------------------------- /v1/ocr
@@ -306,8 +314,9 @@ class Page(ResultModel):
     fields: dict[str, Any] | None = None
     error: str | None = None
     dpi: int | None = Field(None, description="PDF pages: the resolution the page was read at")
-    source: Literal["render", "text_layer"] | None = Field(None, description="PDF pages: OCR of the rendered "
-                                                           "page, or the PDF's own text")
+    source: Literal["render", "text_layer", "image"] | None = Field(
+        None, description="document pages: OCR of the rendered PDF page, the PDF's own text, or a page of a TIFF "
+        "document (image)")
 
 
 class UsageInfo(BaseModel):

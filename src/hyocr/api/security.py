@@ -38,8 +38,13 @@ def key_id(key: str) -> str:
 def jwt_id(issuer: str | None, subject: str) -> str:
     """A JWT caller's identity: a digest of issuer and subject, whole (any length, any characters), bounded
     for the store and labels. 128 bits: subjects are the issuer's to choose, and a collision would be a
-    shared owner. The NUL separator keeps ("a", "b:c") and ("a:b", "c") apart."""
-    whole = f"{issuer or ''}\0{subject}".encode("utf-8", "surrogatepass")
+    shared owner. The NUL separator keeps ("a", "b:c") and ("a:b", "c") apart, and a NUL or U+0001 inside
+    either is escaped (to U+0001 U+0002, U+0001 U+0001), so no two pairs join alike; ordinary names (neither
+    character) keep the digest they always had."""
+    def escaped(part: str) -> str:
+        return part.replace("\1", "\1\1").replace("\0", "\1\2")
+
+    whole = f"{escaped(issuer or '')}\0{escaped(subject)}".encode("utf-8", "surrogatepass")
     return "jwt-" + hashlib.sha256(whole).hexdigest()[:32]
 
 
@@ -56,6 +61,7 @@ class AuthPolicy:
     allowed_ips: tuple[IPNetwork, ...] = ()
     trusted_proxies: tuple[IPNetwork, ...] = ()
     public_paths: frozenset[str] = field(default_factory=lambda: frozenset({"/health"}))
+    metrics_key_digests: tuple[bytes, ...] = ()  # when set, /metrics is for these scrapers only
 
     @property
     def requires_identity(self) -> bool:
@@ -63,12 +69,11 @@ class AuthPolicy:
 
     @property
     def enabled(self) -> bool:
-        return self.requires_identity or bool(self.allowed_ips)
+        return self.requires_identity or bool(self.allowed_ips) or bool(self.metrics_key_digests)
 
     @classmethod
     def from_settings(cls, settings) -> AuthPolicy:
-        keys = settings.api_keys.get_secret_value() if settings.api_keys else ""
-        digests = tuple(hashlib.sha256(k.strip().encode()).digest() for k in keys.split(",") if k.strip())
+        digests = _digests(settings.api_keys)
         jwt_keys: list[tuple[str, object]] = []
         if settings.jwt_secret:
             jwt_keys.append(("HS256", settings.jwt_secret.get_secret_value()))
@@ -80,6 +85,9 @@ class AuthPolicy:
             jwks = json.loads(Path(settings.jwt_jwks_file).read_text())
             for jwk in jwks.get("keys", []):
                 jwt_keys.append(("RS256", jwt.PyJWK(jwk).key))
+        if jwt_keys and not settings.jwt_audience:
+            log.warning("JWT_AUDIENCE is not set: tokens issued for any audience (other services of the same "
+                        "issuer) are accepted")
         public = {"/health"}
         if settings.public_ready:
             public.add("/ready")
@@ -93,7 +101,14 @@ class AuthPolicy:
             allowed_ips=parse_networks(settings.allowed_ips),
             trusted_proxies=parse_networks(settings.trusted_proxies),
             public_paths=frozenset(public),
+            metrics_key_digests=() if settings.public_metrics else _digests(settings.metrics_api_keys),
         )
+
+
+def _digests(keys) -> tuple[bytes, ...]:
+    """SHA-256 of each comma-separated key of a SecretStr setting."""
+    text = keys.get_secret_value() if keys else ""
+    return tuple(hashlib.sha256(k.strip().encode()).digest() for k in text.split(",") if k.strip())
 
 
 def _read_key(value: str) -> str:
@@ -130,13 +145,26 @@ class Authenticator:
             return False
         return any(address in net for net in networks)
 
-    def check_key(self, presented: str) -> bool:
+    def check_key(self, presented: str, digests: tuple[bytes, ...] | None = None) -> bool:
         digest = hashlib.sha256(presented.encode()).digest()
         # Compare against every key, so the time taken says nothing about which one (or whether) matched.
         matched = False
-        for expected in self.policy.api_key_digests:
+        for expected in self.policy.api_key_digests if digests is None else digests:
             matched |= hmac.compare_digest(digest, expected)
         return matched
+
+    def scraper(self, scope: Scope) -> str:
+        """The metrics scraper's identity, or AuthError: 401 without a key, 403 with a key that is not a
+        scraper's (a tenant's: /metrics would show it every tenant's volumes)."""
+        auth = _one_credential(scope, b"authorization")
+        scheme, _, value = auth.partition(" ")
+        presented = _one_credential(scope, b"x-api-key") or (value.strip() if scheme.lower() == "bearer" else "")
+        if not presented:
+            raise AuthError(401, "missing credentials: send Authorization: Bearer <metrics key>", "missing_api_key")
+        if not self.check_key(presented, self.policy.metrics_key_digests):
+            raise AuthError(403, "/metrics answers the metrics scrapers' keys only (METRICS_API_KEYS)",
+                            "metrics_forbidden")
+        return "metrics-scraper"
 
     def check_jwt(self, token: str) -> str | None:
         """The caller's identity (``jwt_id``) when the token verifies with one of our keys; None otherwise.
@@ -151,19 +179,19 @@ class Authenticator:
                                     issuer=self.policy.jwt_issuer, options=options)
             except jwt.PyJWTError:  # PyJWT also refuses a "sub" that is not a string
                 continue
-            subject = claims.get("sub")
+            subject, issuer = claims.get("sub"), claims.get("iss")
             if not subject:
                 raise AuthError(401, "the token names no subject (sub claim): hyocr needs one to know whose jobs "
                                 "are whose", "token_without_subject")
-            return jwt_id(claims.get("iss"), subject)
+            if not isinstance(issuer, str | None):  # 5 and "5" would print alike: one owner (RFC 7519: a string)
+                raise AuthError(401, "the token's iss claim must be a string", "invalid_token_claims")
+            return jwt_id(issuer, subject)
         return None
 
     def identify(self, scope: Scope) -> str:
         """The caller's identity, or AuthError(401)."""
-        headers = dict(scope["headers"])
-        auth = headers.get(b"authorization", b"").decode("latin-1").strip()
+        auth, header_key = (_one_credential(scope, name) for name in (b"authorization", b"x-api-key"))
         scheme, _, value = auth.partition(" ")
-        header_key = headers.get(b"x-api-key", b"").decode("latin-1").strip()
         from_auth = ""
         if scheme.lower() == "bearer":
             from_auth = value.strip()
@@ -187,6 +215,16 @@ class Authenticator:
         raise AuthError(401, "invalid API key or token", "invalid_api_key")
 
 
+def _one_credential(scope: Scope, name: bytes) -> str:
+    """The header's value; AuthError when it comes more than once with different values (whichever a
+    server kept, last or first, would be a guess about whose request it is)."""
+    values = {v.decode("latin-1").strip() for k, v in scope["headers"] if k == name}
+    if len(values) > 1:
+        raise AuthError(401, f"{name.decode()} sent more than once, with different values: send one",
+                        "conflicting_credentials")
+    return values.pop() if values else ""
+
+
 class AuthMiddleware:
     def __init__(self, app: ASGIApp, policy: AuthPolicy) -> None:
         self.app = app
@@ -196,6 +234,9 @@ class AuthMiddleware:
         policy = self.auth.policy
         if scope["type"] == "http" and policy.trusted_proxies:  # the real client, auth or not: rate limits
             scope.setdefault("state", {})["client_ip"] = self.auth.client_ip(scope)  # key on it (ratelimit.py)
+        if scope["type"] == "websocket" and policy.enabled:  # no route takes one; refused before any would
+            await send({"type": "websocket.close", "code": 1008})
+            return
         if scope["type"] != "http" or not policy.enabled or scope["path"] in policy.public_paths:
             await self.app(scope, receive, send)
             return
@@ -203,13 +244,19 @@ class AuthMiddleware:
         ip = state.get("client_ip") or self.auth.client_ip(scope)
         state["client_ip"] = ip
         try:
-            principal = self.auth.identify(scope) if policy.requires_identity else f"ip:{ip}"
+            if policy.metrics_key_digests and scope["path"] == "/metrics":  # the operator's scrapers only
+                principal: str | None = self.auth.scraper(scope)
+            elif policy.requires_identity:
+                principal = self.auth.identify(scope)
+            else:  # an allowlist alone: each address its own caller; metrics keys alone: everyone as before
+                principal = f"ip:{ip}" if policy.allowed_ips else None
             if policy.allowed_ips and not self.auth._in(ip, policy.allowed_ips):
                 raise AuthError(403, "this address is not allowed", "ip_not_allowed")
         except AuthError as exc:
             await _deny(send, exc, ui=scope["path"].startswith("/ui"))
             return
-        state["principal"] = principal
+        if principal is not None:
+            state["principal"] = principal
         await self.app(scope, receive, send)
 
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from ..config import Settings
-from ..pipeline.media import is_pdf
+from ..pipeline.media import is_document
 from ..pipeline.service import OcrService
 from ..types import MediaInput, OcrCall
 
@@ -43,7 +43,7 @@ def file_call(data: bytes, param: str, options: Mapping[str, Any]) -> OcrCall:
     return OcrCall(media=(MediaInput(data, param=param),), task=parse_task(options.get("task") or "spotting"),
                    fields=split_fields(options.get("fields")),
                    target_language=options.get("language") or "en", question=options.get("question"),
-                   accept_pdf=True, **(pdf if is_pdf(data) else {}))
+                   accept_pdf=True, **(pdf if is_document(data) else {}))
 
 
 def check_engine_task(task: Any, settings: Settings) -> None:

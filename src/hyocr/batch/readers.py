@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from ..pipeline.media import is_pdf
+from ..pipeline.media import is_document
 from .pages import ranges, select, spec_of
 from .partial import Partial
 
@@ -70,9 +70,9 @@ class LocalReader:
 
         try:
             call = file_call(data, ticket.param, options)
-            if is_pdf(data) and ticket.partial is not None:
+            if is_document(data) and ticket.partial is not None:
                 return await self._document(call, ticket, ticket.partial)
-            ticket.on_total(1 if not is_pdf(data) else 0)
+            ticket.on_total(1 if not is_document(data) else 0)
             return ocr_body(await self._whole(call, ticket))
         except HyocrError as exc:
             raise ReadFailed(_public(exc)) from None
@@ -156,7 +156,8 @@ class LocalReader:
 
 class PageCounter:
     """``--url`` with ``--pages``: a PDF's pages counted here (one render worker, its first page at the
-    lowest DPI), so the selection is cut to a shorter document before the job is submitted."""
+    lowest DPI; a TIFF's from its headers), so the selection is cut to a shorter document before the job is
+    submitted."""
 
     def __init__(self, settings: Any) -> None:
         from ..pipeline.pdf import PdfRenderer
@@ -166,8 +167,11 @@ class PageCounter:
         self.max_pdf_bytes = settings.max_pdf_bytes
 
     async def count(self, data: bytes, param: str) -> int:
+        from ..pipeline.tiff import tiff_page_frames
         from ..pipeline.pdf import RenderPlan
 
+        if frames := tiff_page_frames(data):  # a TIFF document: counted from its headers
+            return len(frames)
         lowest = 36
         plan = RenderPlan(pages="1", max_pages=1, fixed_dpi=lowest, min_dpi=lowest, max_dpi=lowest)
         return (await self.pdf.render(data, plan, param=param)).page_count
@@ -186,7 +190,7 @@ class RemoteReader:
     async def read(self, data: bytes, options: Mapping[str, Any], ticket: Ticket) -> dict[str, Any]:
         from ..client import HyocrClientError
 
-        pdf = is_pdf(data)
+        pdf = is_document(data)
         sent = {k: v for k, v in options.items()
                 if v not in (None, False) and (pdf or k not in ("pages", "prefer_text_layer"))}
         note = await self._clamped(data, sent, ticket) if pdf and ticket.clamp and sent.get("pages") else None

@@ -7,15 +7,18 @@ Images and PDFs given as bytes or paths are sent as a multipart upload, as they 
 ``submit_job``); a ``data:`` URL, text already, goes in a JSON body.
 
 Retries (the reference article promises "a 3 s timeout and at most 2 retries"): ``timeout`` bounds each
-attempt, ``total_timeout`` a whole call (by default, room for every attempt at its full timeout plus the
+attempt's whole answer (not each read: a server or proxy that trickles bytes is cut off at it; a page
+stream's wait for each next event), ``total_timeout`` a whole call (by default, room for every attempt at its full timeout plus the
 backoffs, so it only bites on a long ``Retry-After``). Retried, at most ``max_retries`` times, after a
 jittered exponential backoff or the server's ``Retry-After`` (capped at 10 s; one that ends past the
 deadline is not waited for, the error is raised at once): connection failures (refused, connect timeout,
 reset, a keep-alive connection the server had closed), 429, 503, 502/504 from a proxy, and read timeouts:
 OCR and chat requests have no side effects, so a repeat is safe, and a stalled connection or a brief
-overload may spare the next attempt. The price: the server finishes an attempt the client gave up on (it
-does not cancel non-streaming work on disconnect), so a slow server gets up to ``max_retries + 1`` copies
-(use ``max_retries=0`` with a saturated one). Never retried: 400/401/403/404/413/415/422 (it would fail the
+overload may spare the next attempt (a ``Retry-After`` is waited out and a little more, at random, so that
+clients turned away together do not return together). The server stops an attempt's work when the client
+leaves, but work it had done is spent again by the retry (use ``max_retries=0`` with a saturated server). A
+page stream cut after a page has been handed to ``on_page`` is not retried (the pages would come twice):
+``ConnectionFailed``. Never retried: 400/401/403/404/413/415/422 (it would fail the
 same way), 500 (the engine failed on this input, maybe after expensive work) and hyocr's own 504 (its
 request deadline passed, and would again). Each attempt sends ``X-Request-ID: <call id>.<attempt>``, so the
 server's logs tie retries together; exceptions carry that id (``request_id``) and ``attempts``.
@@ -31,8 +34,8 @@ Jobs (``/v1/jobs``: documents read in the background, durable on the server), th
 ``submit_job(image_or_images, *, idempotency_key=None, callback_url=None, callback_headers=None, **options)``
 takes ``ocr``'s options (no ``on_page``) and always sends an ``Idempotency-Key`` (a uuid4 when none is
 given): a submit retried after a lost answer gets the same job back, never a second one; give your own key
-to re-attach to a job across processes. ``get_job(id) -> Job``, ``cancel_job(id) -> Job | None`` (an active
-job cancelled; a finished one is deleted: None), ``delete_job(id)`` (cancelled first if active),
+to re-attach to a job across processes. ``get_job(id) -> Job``, ``cancel_job(id) -> Job`` (an active
+job cancelled; a finished one as it is: safe to retry), ``delete_job(id)`` (cancelled first if active),
 ``list_jobs(limit=20, after=None) -> JobList`` (newest first; ``after``: the last id seen),
 ``wait(id, *, poll=1.0, timeout=None) -> Job`` (finished: ``job.finished``; ``Timeout`` when it is not by
 then) and ``iter_job_pages(id, *, poll=1.0, timeout=None)`` -> (position, Page) (an async iterator on

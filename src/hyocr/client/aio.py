@@ -10,8 +10,20 @@ import httpx
 
 from .base import _Base
 from .calls import HEALTH, MODELS, READY, Call, ImageInput, OcrOptions, chat_call, ocr_call
-from .jobs import Job, JobList, Poller, cancel_call, get_call, list_call, pages_call, result_call, submit_call
-from .results import OcrResult, Page, read_events_async
+from .jobs import (
+    Job,
+    JobList,
+    Poller,
+    cancel_call,
+    delete_call,
+    get_call,
+    list_call,
+    pages_call,
+    result_call,
+    submit_call,
+    webhook_secret_call,
+)
+from .results import Delivered, OcrResult, Page, paced, read_events_async, stream_cut
 
 
 class AsyncHyocrClient(_Base):
@@ -25,18 +37,22 @@ class AsyncHyocrClient(_Base):
         while True:
             timeout, request_id = state.start()
             headers = {**(call.headers or {}), "X-Request-ID": request_id}
+            pages = Delivered(call.on_page)
+            result: Any
             try:
-                if call.on_page is None:
-                    result: Any = await self._http.request(call.method, call.path, timeout=timeout,
-                                                           headers=headers, **call.kwargs)
-                else:
-                    async with self._http.stream(call.method, call.path, timeout=timeout,
-                                                 headers=headers, **call.kwargs) as result:
-                        if result.is_success:
-                            return await read_events_async(result.aiter_lines(), call.on_page)
-                        await result.aread()
+                async with asyncio.timeout(timeout) as limit:  # the whole answer, not each read (sync.py: why)
+                    async with self._http.stream(call.method, call.path, timeout=timeout, headers=headers,
+                                                 **call.kwargs) as response:
+                        if call.on_page is not None and response.is_success:  # a page stream: the wait for each
+                            return await read_events_async(paced(response.aiter_lines(), limit, timeout), pages)
+                        await response.aread()
+                        result = response
+            except TimeoutError:
+                result = httpx.ReadTimeout(f"no whole answer within {timeout:g} s")
             except httpx.TransportError as exc:
                 result = exc
+            if pages.count and isinstance(result, httpx.TransportError):  # a retry would repeat given pages
+                raise stream_cut(result, pages.count, request_id) from result
             done, value = self._settle(state, call, result, timeout, request_id)
             if done:
                 return value
@@ -59,12 +75,16 @@ class AsyncHyocrClient(_Base):
                                            callback_url=callback_url, callback_headers=callback_headers))
 
     async def get_job(self, job_id: str) -> Job: return await self._run(get_call(job_id))
+
+    async def webhook_secret(self) -> str:
+        """This caller's webhook signing secret (whsec_...): what its receivers verify events with."""
+        return await self._run(webhook_secret_call())
     async def job_result(self, job_id: str) -> OcrResult: return await self._run(result_call(job_id))
-    async def cancel_job(self, job_id: str) -> Job | None: return await self._run(cancel_call(job_id))
+    async def cancel_job(self, job_id: str) -> Job: return await self._run(cancel_call(job_id))
 
     async def delete_job(self, job_id: str) -> None:
-        if await self._run(cancel_call(job_id)) is not None:
-            await self._run(cancel_call(job_id))
+        if await self._run(delete_call(job_id)) is not None:
+            await self._run(delete_call(job_id))
 
     async def list_jobs(self, limit: int = 20, after: str | None = None) -> JobList:
         return await self._run(list_call(limit, after))

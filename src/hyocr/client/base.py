@@ -48,6 +48,10 @@ class _Base:
             except ValueError:  # a proxy's page with a 200, say
                 raise APIError(result.status_code, "the server's answer is not JSON",
                                request_id=result.headers.get("x-request-id")) from None
+            except (KeyError, TypeError, AttributeError) as exc:  # JSON, but not the shape hyocr answers
+                raise APIError(result.status_code, f"the server's answer is not what hyocr sends "
+                               f"({type(exc).__name__}: {exc})"[:300],
+                               request_id=result.headers.get("x-request-id")) from None
         error, cause = ((error_from_response(result), None) if isinstance(result, httpx.Response)
                         else (error_from_transport(result, timeout, request_id), result))
         wait = state.wait_before_retry(error)

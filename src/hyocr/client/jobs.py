@@ -129,12 +129,23 @@ def get_call(job_id: str) -> Call:
 
 
 def cancel_call(job_id: str) -> Call:
+    """POST .../cancel: an active job is cancelled, a finished one answered as it is (its job object). Safe to
+    retry: DELETE, which deletes a finished job, would delete the job a lost answer had just cancelled."""
+    return Call("POST", _path(job_id, "/cancel"), {}, _job)
+
+
+def delete_call(job_id: str) -> Call:
     """DELETE: an active job is cancelled (its job object); a finished one is deleted (None)."""
     return Call("DELETE", _path(job_id), {}, _job_or_none)
 
 
 def result_call(job_id: str) -> Call:
     return Call("GET", _path(job_id, "/result"), {}, lambda r: OcrResult.from_json(r.json()))
+
+
+def webhook_secret_call() -> Call:
+    """The caller's own webhook signing secret (whsec_...), which its receivers verify with."""
+    return Call("GET", "/v1/webhooks/secret", {}, lambda r: str(r.json()["secret"]))
 
 
 def list_call(limit: int, after: str | None) -> Call:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterable
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import httpx
 
 from .errors import APIError, ConnectionFailed
 
@@ -69,6 +72,54 @@ class OcrResult:
 _EVENT_STATUS = {"timeout_error": 504, "service_unavailable": 503}
 
 
+class Delivered:
+    """``on_page`` counting the pages it was given: once one was, a cut stream is not tried again (the
+    retry would give them again)."""
+
+    def __init__(self, on_page: Callable[[Page, int, int], None] | None) -> None:
+        self.on_page, self.count = on_page, 0
+
+    def __call__(self, page: Page, completed: int, total: int) -> None:
+        self.count += 1
+        if self.on_page is not None:
+            self.on_page(page, completed, total)
+
+
+def stream_cut(exc: Exception, pages: int, request_id: str) -> ConnectionFailed:
+    return ConnectionFailed(f"the event stream was cut after {pages} page(s) ({type(exc).__name__}); not tried "
+                            "again, which would read and hand over those pages twice", request_id=request_id)
+
+
+def within(chunks: Iterable[Any], deadline: float, response: httpx.Response, *, idle: float | None = None
+           ) -> Iterator[Any]:
+    """``chunks`` until ``deadline`` (time.monotonic): past it, httpx's ReadTimeout, as a silent server gets.
+    ``idle``: the deadline moves that far past each chunk (a page stream: a long document goes on while its
+    pages come; what is bounded is the wait for the next one)."""
+    for chunk in chunks:
+        if time.monotonic() > deadline:
+            raise httpx.ReadTimeout("no whole answer within the attempt's timeout", request=response.request)
+        if idle is not None:
+            deadline = time.monotonic() + idle
+        yield chunk
+
+
+async def paced(lines: AsyncIterator[str], limit: Any, idle: float) -> AsyncIterator[str]:
+    """``lines``, the ``asyncio.timeout`` ``limit`` moved ``idle`` seconds past each (as ``within``'s idle)."""
+    import asyncio
+
+    async for line in lines:
+        limit.reschedule(asyncio.get_running_loop().time() + idle)
+        yield line
+
+
+def whole(raw: Iterable[bytes], response: httpx.Response) -> httpx.Response:
+    """The response with its body read (raw, so that its content encoding is undone once)."""
+    if response.is_stream_consumed:  # already read (a transport that answers whole responses, a mock's)
+        return response
+    return httpx.Response(response.status_code, headers=response.headers, content=b"".join(raw),
+                          request=response.request)
+
+
 def read_events(lines: Iterable[str], on_page: Callable[[Page, int, int], None]) -> OcrResult:
     """/v1/ocr's server-sent events: ``on_page`` per page event; the result event is returned."""
     for line in lines:
@@ -85,6 +136,13 @@ async def read_events_async(lines: AsyncIterator[str], on_page: Callable[[Page, 
 
 
 def _event(line: str, on_page: Callable[[Page, int, int], None]) -> OcrResult | None:
+    try:
+        return _parsed_event(line, on_page)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not hyocr's events: a proxy, a cut line
+        raise APIError(502, f"the server's event stream is malformed ({type(exc).__name__})") from None
+
+
+def _parsed_event(line: str, on_page: Callable[[Page, int, int], None]) -> OcrResult | None:
     if not line.startswith("data: ") or line == "data: [DONE]":
         return None
     event = json.loads(line[6:])

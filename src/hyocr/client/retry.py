@@ -42,6 +42,10 @@ class RetryState:
         retry_after = getattr(error, "retry_after", None)
         remaining = self.deadline - time.monotonic()
         if retry_after is not None:  # when it ends past our deadline, sleeping on it is wasted time
-            return min(retry_after, RETRY_AFTER_CAP) if retry_after < remaining else None
+            if retry_after >= remaining:
+                return None
+            wait = min(retry_after, RETRY_AFTER_CAP)
+            # a little past it, spread: the clients a 503 turned away all at once would come back at once
+            return min(wait + self.uniform(0.0, min(1.0, 0.1 + 0.2 * wait)), max(remaining - 0.001, wait))
         wait = self.nominal_backoff(self.attempt) * self.uniform(0.5, 1.0)  # "equal jitter"
         return wait if wait < remaining else None

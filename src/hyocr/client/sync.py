@@ -10,8 +10,20 @@ import httpx
 
 from .base import _Base
 from .calls import HEALTH, MODELS, READY, Call, ImageInput, OcrOptions, chat_call, ocr_call
-from .jobs import Job, JobList, Poller, cancel_call, get_call, list_call, pages_call, result_call, submit_call
-from .results import OcrResult, Page, read_events
+from .jobs import (
+    Job,
+    JobList,
+    Poller,
+    cancel_call,
+    delete_call,
+    get_call,
+    list_call,
+    pages_call,
+    result_call,
+    submit_call,
+    webhook_secret_call,
+)
+from .results import Delivered, OcrResult, Page, read_events, stream_cut, whole, within
 
 
 class HyocrClient(_Base):
@@ -25,17 +37,20 @@ class HyocrClient(_Base):
         while True:
             timeout, request_id = state.start()
             headers = {**(call.headers or {}), "X-Request-ID": request_id}
+            # The attempt's timeout bounds its whole answer, not each read: httpx's timeouts are per read, and
+            # a server that trickles a byte a second would hold the call for ever (a slow proxy, a stuck one).
+            deadline = time.monotonic() + timeout
+            pages = Delivered(call.on_page)
+            result: Any
             try:
-                if call.on_page is None:
-                    result: Any = self._http.request(call.method, call.path, timeout=timeout,
-                                                     headers=headers, **call.kwargs)
-                else:
-                    with self._http.stream(call.method, call.path, timeout=timeout,
-                                           headers=headers, **call.kwargs) as result:
-                        if result.is_success:
-                            return read_events(result.iter_lines(), call.on_page)
-                        result.read()
+                with self._http.stream(call.method, call.path, timeout=timeout, headers=headers,
+                                       **call.kwargs) as response:
+                    if call.on_page is not None and response.is_success:
+                        return read_events(within(response.iter_lines(), deadline, response, idle=timeout), pages)
+                    result = whole(within(response.iter_raw(), deadline, response), response)
             except httpx.TransportError as exc:
+                if pages.count:  # cut mid-stream: a retry would hand the pages already given over again
+                    raise stream_cut(exc, pages.count, request_id) from exc
                 result = exc
             done, value = self._settle(state, call, result, timeout, request_id)
             if done:
@@ -65,16 +80,21 @@ class HyocrClient(_Base):
                                      callback_url=callback_url, callback_headers=callback_headers))
 
     def get_job(self, job_id: str) -> Job: return self._run(get_call(job_id))
+
+    def webhook_secret(self) -> str:
+        """This caller's webhook signing secret (whsec_...): what its receivers verify events with."""
+        return self._run(webhook_secret_call())
     def job_result(self, job_id: str) -> OcrResult: return self._run(result_call(job_id))
 
-    def cancel_job(self, job_id: str) -> Job | None:
-        """Cancel an active job (its job object, status cancelled); a finished one is deleted (None)."""
+    def cancel_job(self, job_id: str) -> Job:
+        """Cancel an active job (status cancelled); a finished one is answered as it is, never deleted (a retry
+        of a cancel whose answer was lost finds it cancelled)."""
         return self._run(cancel_call(job_id))
 
     def delete_job(self, job_id: str) -> None:
         """Delete a job and its result, cancelling it first if it is still active."""
-        if self._run(cancel_call(job_id)) is not None:
-            self._run(cancel_call(job_id))
+        if self._run(delete_call(job_id)) is not None:
+            self._run(delete_call(job_id))
 
     def list_jobs(self, limit: int = 20, after: str | None = None) -> JobList:
         """The caller's jobs, newest first; ``after``: the last job id of the previous page."""

@@ -38,14 +38,15 @@ class CircuitBreaker:
             return "half-open"
         return "open"
 
-    def before_call(self) -> None:
-        """Raise ServiceUnavailable while open; let one probe through when half-open."""
+    def before_call(self) -> bool:
+        """Raise ServiceUnavailable while open; let one probe through when half-open (True: this call is the
+        probe, which must end in ``success``, ``failure`` or ``release``, or no other call passes again)."""
         state = self.state
         if state == "closed":
-            return
+            return False
         if state == "half-open" and not self._probing:
             self._probing = True
-            return
+            return True
         assert self._opened_at is not None
         wait = max(1, round(self.reset_timeout - (self._clock() - self._opened_at)))
         raise ServiceUnavailable(
@@ -64,3 +65,24 @@ class CircuitBreaker:
         if self._probing or self._failures >= self.failure_threshold:
             self._opened_at = self._clock()
         self._probing = False
+
+    def release(self) -> None:
+        """The probe ended without a verdict (its caller hung up, its deadline passed): the next call probes."""
+        self._probing = False
+
+
+class Verdict:
+    """One call's outcome, recorded in its breaker once: the first of ``success`` and ``failure`` counts."""
+
+    def __init__(self, breaker: CircuitBreaker) -> None:
+        self.breaker, self.given = breaker, False
+
+    def success(self) -> None:
+        if not self.given:
+            self.given = True
+            self.breaker.success()
+
+    def failure(self) -> None:
+        if not self.given:
+            self.given = True
+            self.breaker.failure()

@@ -12,13 +12,17 @@ or per request with directives in the prompt text:
     [[fake:hang_mid]]   go silent after the first token (until cancelled)
     [[fake:loop]]       produce a repeating tail (for the loop guard)
     [[fake:delay=0.5]]  wait this long before the first token
+    [[fake:busy=5]]     work this long on a worker thread first, deaf to cancellation (a CPU engine's
+                        inference in ONNX Runtime)
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import re
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields, replace
@@ -46,6 +50,7 @@ class FakeScript:
     hang: bool = False
     hang_mid: bool = False
     loop: bool = False
+    busy: float = 0.0  # seconds of uninterruptible work on a worker thread before the first token
     image_tokens: int = 64  # prompt tokens charged per image
 
     @classmethod
@@ -72,6 +77,7 @@ class FakeScript:
 class FakeEngine(Engine):
     def __init__(self, script: FakeScript | None = None, *, model: str = "fake-ocr", structured: bool = True) -> None:
         self.script = script or FakeScript()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         # ``structured``: it takes output constraints (and writes its usual text: a schema of string fields
         # happens to match its extraction output, any other shows how a mismatch is reported)
         self.info = EngineInfo(
@@ -98,9 +104,17 @@ class FakeEngine(Engine):
         self.starts += 1
         self._stopped = asyncio.Event()
 
+    def _workers(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="fake-engine")
+        return self._pool
+
     async def stop(self) -> None:
         """In-flight requests fail at once, as they do when a real engine is shut down."""
         self.started = False
+        if self._pool is not None:  # as rapidocr's: work under way goes on, unobserved
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
         if self._stopped is not None:
             self._stopped.set()
 
@@ -124,6 +138,8 @@ class FakeEngine(Engine):
         for name, value in _DIRECTIVE.findall(prompt):
             if name == "delay":
                 script = replace(script, latency=float(value or 0))
+            elif name == "busy":
+                script = replace(script, busy=float(value or 0))
             elif name in ("fail", "fail_mid", "hang", "hang_mid", "loop"):
                 script = replace(script, **{name: True})
         return script
@@ -138,6 +154,8 @@ class FakeEngine(Engine):
         try:
             if script.latency:
                 await self._wait_or_stopped(script.latency)
+            if script.busy:  # a non-daemon thread of its own, as an executor's: the interpreter waits for it
+                await asyncio.get_running_loop().run_in_executor(self._workers(), time.sleep, script.busy)
             if script.fail:
                 raise EngineError("fake engine failure (scripted)")
             if script.hang or self.crashed:

@@ -34,7 +34,7 @@ from ..hunyuan.chat import chat_messages, data_url, sampling_kwargs
 from ..hunyuan.geometry import PixelBounds, fit_image
 from ..types import EngineChunk, EngineRequest, FinishReason, StructuredOutput
 from .base import Engine, EngineInfo
-from .circuit import CircuitBreaker
+from .circuit import CircuitBreaker, Verdict
 from .registry import ALL_TASKS
 
 if TYPE_CHECKING:
@@ -173,11 +173,28 @@ class OpenAIUpstreamEngine(Engine):
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         if self._client is None:
             raise ServiceUnavailable("the upstream engine is not started")
-        self.breaker.before_call()
+        if self.breaker.state == "open":  # fail fast, before the images are converted
+            self.breaker.before_call()
         urls = await asyncio.to_thread(
             lambda: [data_url(fit_image(p, self.bounds)) for p in request.images]
         )
         body = self._body(request, urls)
+        probe = self.breaker.before_call()
+        verdict = Verdict(self.breaker)
+        try:
+            async for chunk in self._attempts(body, verdict):
+                yield chunk
+        except (asyncio.CancelledError, GeneratorExit):
+            if probe and not verdict.given:  # the caller left first: the next call probes
+                self.breaker.release()
+            raise
+        except BaseException:
+            verdict.failure()  # unless recorded: e.g. an event that is not JSON, the upstream failed
+            raise
+
+    async def _attempts(self, body: dict, verdict: Verdict) -> AsyncIterator[EngineChunk]:
+        """The request, retried on connection errors and 429/503 within ``retries``; each ending recorded in
+        the breaker (``generate`` records what ends otherwise)."""
         for attempt in range(self.retries + 1):
             try:
                 async with self._client.stream("POST", "/chat/completions", json=body) as resp:
@@ -187,34 +204,34 @@ class OpenAIUpstreamEngine(Engine):
                         continue
                     if resp.status_code >= 400:
                         await resp.aread()
-                        raise self._http_error(resp)
+                        raise self._http_error(resp, verdict)
                     async for chunk in self._read_stream(resp):
                         yield chunk
-                self.breaker.success()
+                verdict.success()
                 return
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if attempt < self.retries:
                     await asyncio.sleep(_backoff(attempt, None))
                     continue
-                self.breaker.failure()
+                verdict.failure()
                 raise ServiceUnavailable("the upstream server is unreachable", code="upstream_unreachable") from exc
             except httpx.TimeoutException as exc:
-                self.breaker.failure()
+                verdict.failure()
                 raise EngineError(f"upstream timed out: {exception_chain(exc)}",
                                   cause_type=root_cause_type(exc)) from exc
             except httpx.HTTPError as exc:  # connection lost mid-stream, protocol errors
-                self.breaker.failure()
+                verdict.failure()
                 raise EngineError(f"upstream connection failed: {exception_chain(exc)}",
                                   cause_type=root_cause_type(exc)) from exc
         raise ServiceUnavailable("the upstream server is overloaded", code="upstream_overloaded")
 
-    def _http_error(self, resp: httpx.Response) -> HyocrError:
+    def _http_error(self, resp: httpx.Response, verdict: Verdict) -> HyocrError:
         message = _error_message(resp)
         if resp.status_code in (400, 404, 413, 422):
             # The upstream refused this input (e.g. prompt longer than its context): the client's problem.
-            self.breaker.success()
+            verdict.success()
             return InvalidRequest(f"the model server refused the request: {message}"[:400])
-        self.breaker.failure()
+        verdict.failure()
         if resp.status_code in _RETRY_STATUS:  # its own Retry-After goes on to the client (else the default)
             wait = _retry_after(resp.headers.get("retry-after"))
             return ServiceUnavailable("the upstream server is overloaded", code="upstream_overloaded",

@@ -188,12 +188,23 @@ class RapidOcrEngine(Engine):
             yield EngineChunk()  # the start signal (no text): from now on the estimate applies, not the queue
             blocks, seconds = await work
         self._pace.observe(seconds, page.image.width * page.image.height)  # the pixels it read
+        stops = [s for s in request.sampling.stop if s]
+        said = ""
         for i, block in enumerate(blocks):
             if request.task is Task.SPOTTING:
                 text = to_spotting_text([block], page.width, page.height)
             else:
                 text = block.text
             sep = "" if i == 0 else ("\n" if _starts_line(blocks, i) else " ")
+            # OpenAI's stop: the text ends before the first stop string (a model engine's decoder does it)
+            whole = said + sep + text
+            cut = min((at for at in (whole.find(s, max(0, len(said) - len(s) + 1)) for s in stops) if at >= 0),
+                      default=-1)
+            if cut >= 0:
+                if cut > len(said):
+                    yield EngineChunk(text=whole[len(said):cut])
+                break
+            said = whole
             yield EngineChunk(text=sep + text, blocks=(block,))
         yield EngineChunk(finish_reason=FinishReason.STOP)
 

@@ -131,10 +131,16 @@ def _blocks(value: Any, where: str) -> tuple[Block, ...] | None:
 
 
 def _is_pdf(path: Path) -> bool:
+    """A document of pages: a PDF, or a TIFF of several pages (read, and given truths, page by page as a PDF)."""
     if path.suffix.lower() == ".pdf":
         return True
     with path.open("rb") as f:
-        return f.read(5) == b"%PDF-"
+        head = f.read(5)
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        from ..pipeline.media import is_document
+
+        return is_document(path.read_bytes())
+    return head == b"%PDF-"
 
 
 def load_manifest(manifest: Path, defaults: Mapping[str, Any]) -> LoadedSet:
@@ -193,7 +199,8 @@ def _manifest_sample(entry: Any, base: Path, defaults: Mapping[str, Any], where:
         if pages is not None and not isinstance(pages, str):
             raise EvalError(f'{where}: "pages" is a selection such as "1-3" or a list of page truths')
         if pages is not None and not pdf:
-            raise EvalError(f'{where}: "pages" selects pages of a PDF; {entry["path"]} is an image')
+            raise EvalError(f'{where}: "pages" selects pages of a PDF (or a TIFF of several pages); '
+                            f'{entry["path"]} is an image')
         if pages is not None:
             from ..batch.pages import check as check_pages
 

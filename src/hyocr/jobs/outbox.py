@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..pipeline.fetch import FetchPolicy
-from .schema import deliveries
+from .schema import deliveries, jobs
 from .webhooks import Delivery, WebhookSigner, deliver
 
 log = logging.getLogger("hyocr.jobs")
@@ -41,6 +41,7 @@ class DueDelivery:
     body: bytes
     attempt: int  # the attempt this one would be (1-based)
     next_at: float  # when it fell due: the claim's condition and the scan's cursor
+    owner: str  # the job's owner, whose secret signs the delivery
 
 
 class Outbox:
@@ -72,10 +73,12 @@ class Outbox:
             where = and_(where, or_(deliveries.c.next_at > after[0],
                                     and_(deliveries.c.next_at == after[0], deliveries.c.id > after[1])))
         async with self.db.connect() as db:
-            rows = (await db.execute(select(deliveries).where(where).order_by(deliveries.c.next_at, deliveries.c.id)
-                                     .limit(limit))).mappings().all()
+            # joined to the job for its owner (a job's deliveries are deleted with it)
+            rows = (await db.execute(select(deliveries, jobs.c.owner)
+                                     .join(jobs, jobs.c.id == deliveries.c.job_id).where(where)
+                                     .order_by(deliveries.c.next_at, deliveries.c.id).limit(limit))).mappings().all()
         return [DueDelivery(r["id"], r["job_id"], r["url"], r["headers"] or {}, r["body"], r["attempt"] + 1,
-                            r["next_at"]) for r in rows]
+                            r["next_at"], r["owner"]) for r in rows]
 
     async def claim(self, due: DueDelivery, hold: float) -> bool:
         """Take ``due`` for one attempt (True), unless another replica took it first."""
@@ -143,7 +146,8 @@ class Outbox:
     async def _attempt(self, due: DueDelivery) -> None:
         assert self.signer is not None
         try:
-            outcome = await deliver(Delivery(due.id, due.url, due.headers, due.body, due.attempt), self.signer,
+            outcome = await deliver(Delivery(due.id, due.url, due.headers, due.body, due.attempt, due.owner),
+                                    self.signer,
                                     self.policy, timeout=self.settings.webhook_timeout,
                                     max_attempts=self.settings.webhook_max_attempts)
         except Exception:  # deliver answers network trouble itself: this is a bug; the claim lapses, retried

@@ -18,7 +18,15 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from ..errors import Conflict, IdempotencyKeyReused, InvalidRequest, NotFound, PayloadTooLarge, RateLimited
+from ..errors import (
+    Conflict,
+    IdempotencyKeyReused,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    ServiceUnavailable,
+)
 from ..pipeline.objects import ObjectStore
 from ..pipeline.pdf_worker import parse_pages
 from ..pipeline.service import OcrService
@@ -83,6 +91,13 @@ class Jobs:
         except (RuntimeError, ValueError, OSError) as exc:  # the one line an operator needs, before
             log.error("jobs: %s", exc)  # uvicorn's traceback
             raise
+
+    def webhook_secret(self, owner: str) -> str:
+        """The secret ``owner``'s webhook receivers verify with: its own (webhooks.WebhookSigner)."""
+        signer = self.runner.outbox.signer
+        if signer is None:  # the jobs are not open yet (a request before start-up finished)
+            raise ServiceUnavailable("the jobs API is starting")
+        return signer.owner_secret(owner)
 
     def start(self) -> None:
         """Start reading, once the engine is up: stored jobs resume (their ranges are pending, or free once
@@ -190,13 +205,26 @@ class Jobs:
     async def cancel_or_delete(self, owner: str, job_id: str) -> JobRecord | None:
         """An active job is cancelled (returned, cancelled; its webhook queued); a finished one deleted (None)."""
         job = await self.get(owner, job_id)
-        if not job.finished and await self.store.cancel(owner, job_id, self.settings.job_retention):
-            self.runner.stop_job(job_id)  # the engine's work stops now
-            cancelled = await self.get(owner, job_id)
-            await self.runner.notify(cancelled)
+        if not job.finished and (cancelled := await self._cancel(owner, job_id)) is not None:
             return cancelled
         await self.store.delete(owner, job_id)
         return None
+
+    async def cancel(self, owner: str, job_id: str) -> JobRecord:
+        """An active job cancelled; a finished one as it is. Idempotent, unlike DELETE: a retry of a cancel
+        whose answer was lost finds the job cancelled and leaves it, where DELETE would delete it."""
+        job = await self.get(owner, job_id)
+        if not job.finished and (cancelled := await self._cancel(owner, job_id)) is not None:
+            return cancelled
+        return await self.get(owner, job_id)
+
+    async def _cancel(self, owner: str, job_id: str) -> JobRecord | None:
+        if not await self.store.cancel(owner, job_id, self.settings.job_retention):
+            return None  # it ended meanwhile
+        self.runner.stop_job(job_id)  # the engine's work stops now
+        cancelled = await self.get(owner, job_id)
+        await self.runner.notify(cancelled)
+        return cancelled
 
     async def list(self, owner: str, *, limit: int, after: str | None) -> tuple[list[JobRecord], bool]:
         if not 1 <= limit <= 100:

@@ -7,6 +7,8 @@ a conditional UPDATE (one winner), and a page is stored under a unique (job, pos
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -74,6 +76,19 @@ def database_url(settings) -> str:
     return f"sqlite+aiosqlite:///{settings.data_path / 'jobs.db'}"
 
 
+def _private_sqlite(path: Path) -> None:
+    """The database holds every caller's documents, results and callback headers (receivers' credentials):
+    readable by the server's user only. A new folder is 0700; the file is made 0600 before SQLite opens it,
+    which gives its -wal and -shm files the same mode (an older database's are narrowed here)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    for part in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        with contextlib.suppress(OSError):  # another user's file, or none
+            if part.stat().st_mode & 0o077:
+                part.chmod(0o600)
+
+
 class JobStore:
     def __init__(self, url: str, *, lease: float = 30.0) -> None:
         self.url = url
@@ -90,9 +105,9 @@ class JobStore:
     async def open(self) -> None:
         """Create the tables if missing. An unreachable database stops the server with one clear line."""
         if self.sqlite:
-            path = self.url.split(":///", 1)[1]
+            path = self.url.split(":///", 1)[1].split("?", 1)[0]  # the file, without the URL's query
             if path and path != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                _private_sqlite(Path(path))
         try:
             async with self.engine.begin() as db:
                 await db.run_sync(metadata.create_all)

@@ -6,12 +6,19 @@ the checked IP (Host header and SNI keep the name), so DNS rebinding cannot redi
 image URLs, webhooks are not off when the allowlist is empty: then any public host may receive them.
 ``deliver`` makes one attempt and says whether and when to try again; the caller (the job runner) keeps
 the schedule in its store, so retries survive restarts.
+
+Each caller's webhooks are signed with that caller's own secret (``WebhookSigner.owner_secret``: an HMAC of
+the caller's identity under the server's secret, which never leaves the server), read at
+GET /v1/webhooks/secret. With one secret for all, any caller could have the server sign an event for a
+receiver of another caller (its callback_url, with the headers that receiver expects), and it would verify.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import hmac
 import ipaddress
 import json
 import logging
@@ -62,17 +69,33 @@ def _webhook(secret: str) -> Webhook:
 
 
 class WebhookSigner:
-    """Signs deliveries the Standard Webhooks way, with the reference library (never our own HMAC)."""
+    """Signs deliveries the Standard Webhooks way, with the reference library, each owner's with its own
+    secret derived from the server's."""
+
+    _DERIVE = b"hyocr webhook secret\0"  # keeps these HMACs apart from any other use of the server's secret
 
     def __init__(self, secret: str) -> None:
-        self._webhook = _webhook(secret)
+        _webhook(secret)  # checks the form
+        self._key = base64.b64decode(secret.removeprefix("whsec_"))
+        self._owners: dict[str, Webhook] = {}
 
     def __repr__(self) -> str:  # never the secret, even in a traceback's locals
         return "WebhookSigner(<secret>)"
 
-    def headers(self, msg_id: str, body: bytes, now: float) -> dict[str, str]:
+    def owner_secret(self, owner: str) -> str:
+        """The secret ``owner``'s receivers verify with (32 bytes, whsec_ form): the same on every replica
+        that shares the server's secret, and no owner's tells anything of another's or of the server's."""
+        digest = hmac.new(self._key, self._DERIVE + owner.encode("utf-8", "surrogatepass"), hashlib.sha256)
+        return "whsec_" + base64.b64encode(digest.digest()).decode("ascii")
+
+    def headers(self, msg_id: str, body: bytes, now: float, owner: str) -> dict[str, str]:
+        webhook = self._owners.get(owner)
+        if webhook is None:
+            if len(self._owners) >= 4096:  # a cache, not a registry: owners are unbounded over time
+                self._owners.clear()
+            webhook = self._owners[owner] = Webhook(self.owner_secret(owner))
         ts = int(now)  # the signature covers whole seconds; the header must carry the same ones
-        signature = self._webhook.sign(msg_id, datetime.fromtimestamp(ts, UTC), body.decode("utf-8"))
+        signature = webhook.sign(msg_id, datetime.fromtimestamp(ts, UTC), body.decode("utf-8"))
         return {"webhook-id": msg_id, "webhook-timestamp": str(ts), "webhook-signature": signature}
 
 
@@ -83,7 +106,7 @@ def load_secret(configured: str | None, data_dir: Path) -> str:
         return configured
     path = Path(data_dir) / SECRET_FILE
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the jobs database's (store.py)
         secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
         tmp = path.with_name(f".{SECRET_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -159,6 +182,7 @@ class Delivery:
     headers: dict[str, str]  # the job's callback_headers
     body: bytes  # JSON, from event_body
     attempt: int  # 1-based
+    owner: str  # the job's: whose secret signs it
 
 
 @dataclass(frozen=True)
@@ -197,7 +221,7 @@ async def deliver(
 
     clock = datetime.now(UTC).timestamp() if now is None else now
     headers = {k: v for k, v in delivery.headers.items() if not _reserved(k)}
-    headers |= signer.headers(delivery.id, delivery.body, clock)
+    headers |= signer.headers(delivery.id, delivery.body, clock, delivery.owner)
     headers.update({"Content-Type": "application/json", "User-Agent": USER_AGENT})  # over any caller's
     try:
         async with asyncio.timeout(timeout):  # one deadline over DNS and every address tried

@@ -2,7 +2,8 @@
 
     MediaInput (bytes, base64 / data URL, or an http(s) URL when the server allows them)
       -> URLs fetched (SSRF-safe), base64 decoded with its size checked first
-      -> one PDF (where the caller takes documents): rendered by the PDF workers, one page per selected page
+      -> one PDF (where the caller takes documents): rendered by the PDF workers, one page per selected page;
+         one TIFF of several pages (a fax, a scanner's document): each selected page decoded as an image
       -> images: every header checked first (per image and per request), then each image decoded on a
          thread within the process's decode budget and reduced at once to what the engine keeps
          (pipeline/memory.py)
@@ -16,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from PIL import Image
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, PayloadTooLarge
 from ..observability.logs import record
 from ..observability.tracing import span
 from ..types import MediaInput, PageImage
@@ -29,12 +30,16 @@ from .media import (
     decode_base64,
     decode_cost,
     decode_image,
+    frame_probe,
+    is_document,
     is_pdf,
     probe_image,
     reduction_for,
 )
 from .memory import MemoryPolicy, decoded_within, tune_allocator
 from .pdf import PdfRenderer, RenderPlan
+from .pdf_worker import parse_pages
+from .tiff import tiff_page_frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +48,8 @@ class Preview:
 
     first: PageImage
     images: int  # images sent (1 for a PDF)
-    pdf: bool
-    pages: int  # pages to read: the images, or the PDF's page count
+    pdf: bool  # a document: a PDF, or a TIFF of several pages (its pages selected and read as a PDF's)
+    pages: int  # pages to read: the images, or the document's page count
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +57,8 @@ class Survey:
     """What was sent, ready to be read later (``PageLoader.survey``): raw bytes, and how many pages."""
 
     media: tuple[MediaInput, ...]  # as bytes: URLs fetched, base64 decoded
-    pdf: bool
-    pages: int  # the images, or the PDF's page count
+    pdf: bool  # a document (Preview.pdf)
+    pages: int  # the images, or the document's page count
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +106,35 @@ class PageLoader:
                     decode_base64, item.data, self.limits, param=item.param, accept_pdf=True)
                 if is_pdf(raw):
                     return await self._pdf_pages(raw, how, item.param)
+                frames = await asyncio.to_thread(tiff_page_frames, raw)
+                if len(frames) > 1:
+                    return await self._tiff_pages(raw, frames, how.pages, item.param)
                 media = (MediaInput(raw, item.param),)
             if how.pages is not None:
                 raise InvalidRequest("pages selects pages of a PDF; this request has images", param="pages")
             probes = await asyncio.to_thread(self._probe_all, media, how.accept_pdf)
             return await self._decode_all(probes)
+
+    async def _tiff_pages(self, raw: bytes, frames: tuple[int, ...], pages: str | None, param: str
+                          ) -> tuple[PageImage, ...]:
+        """The selected pages of a TIFF document (``pages`` as a PDF's, up to ``max_pages``), each an image
+        held to the image caps and decoded within the budget; ``index`` is the page's, as a PDF page's."""
+        chosen = parse_pages(pages, len(frames), self.max_pages)
+        first = await asyncio.to_thread(probe_image, raw, self.limits, index=chosen[0], param=param,
+                                        frame=frames[chosen[0]])
+        image, left, read = first.image, self.pdf_plan.max_total_pixels, []
+        record(tiff_pages=len(frames))
+        for i in chosen:  # one at a time, in page order: one Image, sought forward, decoded before the next
+            probe = first if i == chosen[0] else await asyncio.to_thread(
+                frame_probe, image, len(raw), self.limits, frame=frames[i], index=i, param=param)
+            if left is not None and (left := left - probe.pixels) < 0:  # as a PDF's MAX_DOCUMENT_PIXELS
+                raise PayloadTooLarge(f"the selected pages of this TIFF are more than {self.pdf_plan.max_total_pixels}"
+                                      " pixels together: select fewer with pages", param=param, code="too_many_pixels")
+            (page,) = await self._decode_all([probe])
+            if page.image is image:  # the next seek would change it
+                page = replace(page, image=image.copy())
+            read.append(replace(page, source="image"))
+        return tuple(read)
 
     async def _pdf_pages(self, raw: bytes, how: PageRequest, param: str) -> tuple[PageImage, ...]:
         check_pdf_size(raw, self.limits, param=param)
@@ -131,6 +160,10 @@ class PageLoader:
             check_pdf_size(raw, self.limits, param=first.param)
             document = await self.pdf.render(raw, replace(self.pdf_plan, pages="1", max_pages=1), param=first.param)
             return Preview(document.pages[0], 1, True, document.page_count)
+        frames = await asyncio.to_thread(tiff_page_frames, raw)
+        if len(frames) > 1 and len(media) == 1:  # a TIFF document: counted as a PDF's pages are
+            (page,) = await self._tiff_pages(raw, frames, "1", first.param)
+            return Preview(page, 1, True, len(frames))
         probes = await asyncio.to_thread(self._probe_all, (MediaInput(raw, first.param), *media[1:]), True)
         (page,) = await self._decode_all(probes[:1])
         return Preview(page, len(probes), False, len(probes))
@@ -149,9 +182,9 @@ class PageLoader:
             else:
                 raws.append(m.data)
         plain = tuple(MediaInput(raw, m.param) for raw, m in zip(raws, media, strict=True))
-        found = await self.preview(plain) if accept_pdf or not any(is_pdf(r) for r in raws) else None
+        found = await self.preview(plain) if accept_pdf or not any(map(is_document, raws)) else None
         if found is None:
-            await asyncio.to_thread(self._probe_all, plain, False)  # raises: a PDF where none is taken
+            await asyncio.to_thread(self._probe_all, plain, False)  # raises: a document where none is taken
         return Survey(plain, found is not None and found.pdf, found.pages if found else len(plain))
 
     def _reduced(self, page: PageImage) -> PageImage:

@@ -22,6 +22,7 @@ from PIL import Image, ImageOps
 
 from ..errors import HyocrError, InvalidMedia, PayloadTooLarge, UnsupportedMediaType
 from ..types import PageImage
+from .tiff import tiff_page_frames
 
 # (format, signature test). Order matters only where signatures overlap (none do here).
 _SIGNATURES: tuple[tuple[str, object], ...] = (
@@ -82,6 +83,11 @@ def accepted_formats(formats: frozenset[str], *, pdf: bool = False) -> str:
 
 def is_pdf(data: bytes) -> bool:
     return sniff_format(data) == "PDF"
+
+
+def is_document(data: bytes) -> bool:
+    """Pages to select and read in ranges: a PDF, or a TIFF of several pages (a fax, a scanner's document)."""
+    return is_pdf(data) or len(tiff_page_frames(data, limit=2)) > 1
 
 
 def check_pdf_size(data: bytes, limits: MediaLimits, *, param: str = "image") -> None:
@@ -195,9 +201,11 @@ def load_image(data: bytes, limits: MediaLimits, *, index: int = 0, param: str =
 
 
 def probe_image(data: bytes, limits: MediaLimits, *, index: int = 0, param: str = "image",
-                accept_pdf: bool = False) -> ImageProbe:
+                accept_pdf: bool = False, frame: int | None = None) -> ImageProbe:
     """Every check that needs no pixels: bytes, format (magic bytes), the header's size. ``accept_pdf``:
-    the caller reads PDFs too (on their own path), so the messages name PDF among the formats taken."""
+    the caller reads PDFs too (on their own path), so the messages name PDF among the formats taken.
+    ``frame``: this frame, a page of a TIFF document (``tiff_page_frames``); without it the image is one
+    page, and a TIFF of several pages is refused."""
     if len(data) > limits.max_image_bytes:
         raise PayloadTooLarge(
             f"image is larger than the {limits.max_image_bytes} byte limit", param=param
@@ -229,11 +237,31 @@ def probe_image(data: bytes, limits: MediaLimits, *, index: int = 0, param: str 
             f"the limit is {limits.max_image_pixels}",
             param=param,
         )
+    if fmt == "TIFF" and frame is None and len(tiff_page_frames(data, limit=2)) > 1:  # a fax's, a scanner's
+        raise InvalidMedia("this TIFF holds several pages, read as a document on its own (as a PDF is, by "
+                           "/v1/ocr and /v1/jobs); here an image is one page", param=param, code="multi_page_tiff")
+    if frame:  # a later page of a TIFF document: sought, and its own size held to the caps
+        return frame_probe(image, len(data), limits, frame=frame, index=index, param=param)
     try:
-        image.seek(0)  # first frame of animations / multi-page TIFF
+        image.seek(0)  # an animation's first frame
     except Exception:
         raise InvalidMedia(f"the {fmt} image is truncated or corrupt", param=param) from None
     return ImageProbe(image, fmt, (width, height), len(data), index, param)
+
+
+def frame_probe(image: Image.Image, source_bytes: int, limits: MediaLimits, *, frame: int, index: int,
+                param: str) -> ImageProbe:
+    """Page ``frame`` of a TIFF ``probe_image`` opened, sought forward from where it is (a document's pages
+    in one pass over its headers; opened afresh, each page would walk from the first), held to the caps."""
+    try:
+        image.seek(frame)
+    except Exception:
+        raise InvalidMedia("the TIFF image is truncated or corrupt", param=param) from None
+    width, height = image.size
+    if width < 1 or height < 1 or width * height > limits.max_image_pixels:
+        raise PayloadTooLarge(f"page {index + 1} is {width}x{height} pixels; the limit is {limits.max_image_pixels}",
+                              param=param)
+    return ImageProbe(image, "TIFF", (width, height), source_bytes, index, param)
 
 
 def check_request_pixels(probes: list[ImageProbe], limits: MediaLimits) -> None:

@@ -46,7 +46,8 @@ def parse_pages(spec: str | None, count: int, max_pages: int) -> tuple[int, ...]
             first = int(match.group(1))
             last = first if not match.group(2) else int(match.group(3)) if match.group(3) else count
             if first < 1 or last < first:
-                raise InvalidRequest(f"pages: {part.strip()!r} is not a range of pages (the first page is 1)",
+                why = "the first page is 1" if first < 1 else "a range runs from its first page to its last"
+                raise InvalidRequest(f"pages: {part.strip()!r} is not a range of pages ({why})",
                                      param="pages", code="invalid_pages")
             if last > count:
                 raise InvalidRequest(f"pages: page {last} is out of range; the document has {count} "
@@ -61,8 +62,10 @@ def parse_pages(spec: str | None, count: int, max_pages: int) -> tuple[int, ...]
     total = sum(last - first + 1 for first, last in merged)
     if total > max_pages:  # counted before any list of pages is built
         what = f"the document has {count} pages" if spec is None else f"pages selects {total} pages"
-        raise InvalidRequest(f"{what}; at most {max_pages} are read per request: choose some with "
-                             f"pages, e.g. pages=1-{max_pages}", param="pages", code="too_many_pages")
+        start = merged[0][0]
+        raise InvalidRequest(f"{what}; at most {max_pages} are read per request: choose some with pages, e.g. "
+                             f"pages={start}-{min(count, start + max_pages - 1)}, or read it whole as a job "
+                             "(/v1/jobs, hyocr batch)", param="pages", code="too_many_pages")
     return tuple(i - 1 for first, last in merged for i in range(first, last + 1))
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..api.bodies import ocr_body
 from ..errors import HyocrError
 from ..pipeline import structured
-from ..pipeline.media import is_pdf
+from ..pipeline.media import is_document
 from ..pipeline.service import OcrService
 from ..types import MediaInput, OcrCall, SamplingParams, Task
 from . import display
@@ -100,7 +100,7 @@ class Reading:
               limit, model_name, pages_text) -> OcrCall:
         """The form as the API's request: only the chosen task's options, the token cap within the limit; a
         schema (extraction) checked as /v1/ocr checks it, its properties the fields."""
-        document = len(media) == 1 and is_pdf(media[0].data)
+        document = len(media) == 1 and is_document(media[0].data)
         fields = tuple(f.strip() for f in (fields_text or "").replace("\n", ",").split(",") if f.strip())
         max_tokens = max(1, min(int(limit), self.settings.max_tokens_limit)) if self.info.follows_prompts else None
         constraint = None

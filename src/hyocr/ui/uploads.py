@@ -17,7 +17,9 @@ way, then re-raised for the outer middleware to answer as for the API). Who may 
 often (429) are settled before this, by the app's auth and rate-limit middleware, as for every route.
 
 Gradio's ``process_recording`` route (screen recordings; this UI has none) keeps every body it is sent in
-the temporary folder: it answers 404 here.
+the temporary folder, its ``file=<http URL>`` fetches any public URL for the caller (an open proxy, where the
+UI promises to contact nothing outside the server) and ``proxy=`` serves Spaces' proxies: all answer 404 here.
+Gradio's own errors (``{"detail": ...}``) leave in the API's error shape (``_ApiErrors``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,14 @@ log = logging.getLogger("hyocr.ui")
 
 UPLOAD_PATH = "/gradio_api/upload"  # relative to the mount
 REFUSED_PATHS = frozenset({"/gradio_api/process_recording"})
+_URL = re.compile(r"(?:[a-z][a-z0-9+.-]*:|[/\\]{2})", re.IGNORECASE)  # a scheme, or a scheme-relative URL
+
+
+def _refused(path: str) -> bool:
+    for prefix in ("/gradio_api/file=", "/file=", "/gradio_api/file/", "/file/"):  # the last two: Gradio's
+        if path.startswith(prefix):  # deprecated spelling of the same route
+            return _URL.match(path[len(prefix):]) is not None
+    return path in REFUSED_PATHS or path.startswith(("/gradio_api/proxy=", "/proxy="))
 
 
 class UploadCache:
@@ -152,11 +163,11 @@ class UploadGuard:
             await self.app(scope, receive, send)
             return
         path = _route_path(scope)
-        if path in REFUSED_PATHS:
-            await _send_error(scope, send, NotFound("not found"))
+        if _refused(path):
+            await _send_error(scope, send, NotFound("not found", code="not_found"))
             return
         if path != UPLOAD_PATH or scope["method"] != "POST":
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, _ApiErrors(scope, send))
             return
         try:
             inspector, declared = self._start(scope)
@@ -259,3 +270,42 @@ async def _send_error(scope: Scope, send: Send, exc: HyocrError, *, close: bool 
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
+
+
+class _ApiErrors:
+    """An ASGI ``send`` that rewrites Gradio's JSON errors (FastAPI's ``{"detail": ...}``) into the API's
+    shape; every other answer (pages, assets, event streams, files) passes as it is, unbuffered."""
+
+    def __init__(self, scope: Scope, send: Send) -> None:
+        self.scope, self.send = scope, send
+        self.start: Message | None = None  # an error's start, held until its body is whole
+        self.body = b""
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 400 and any(
+                k.lower() == b"content-type" and v.startswith(b"application/json") for k, v in message["headers"]):
+            self.start = message
+            return
+        if self.start is None or message["type"] != "http.response.body":
+            await self.send(message)
+            return
+        self.body += message.get("body", b"")
+        if message.get("more_body"):
+            return
+        status, start, self.start = self.start["status"], self.start, None
+        try:
+            detail = json.loads(self.body).get("detail")
+        except (ValueError, AttributeError):
+            detail = None
+        if detail is None:  # not FastAPI's error form: as it was
+            await self.send(start)
+            await self.send({"type": "http.response.body", "body": self.body})
+            return
+        text = detail if isinstance(detail, str) else "the web UI could not take this request"
+        data = json.dumps({"error": {"message": text, "type": "invalid_request_error" if status < 500
+                                     else "internal_error", "param": None, "code": f"ui_http_{status}"},
+                           "detail": detail}).encode()  # Gradio's own page reads detail: kept beside
+        headers = [(k, v) for k, v in start["headers"] if k.lower() not in (b"content-length", b"content-type")]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.body", "body": data})

@@ -110,3 +110,15 @@ async def delete_job(request: Request, job_id: str):
     if cancelled is not None:
         return job_body(cancelled)
     return {"id": job_id, "object": "ocr.job.deleted", "deleted": True}
+
+
+@router.post("/v1/jobs/{job_id}/cancel", responses=_ERRORS,
+             summary="Cancel an active job (its engine work stops); a finished job is answered as it is")
+async def cancel_job(request: Request, job_id: str):
+    return job_body(await jobs_of(request).cancel(owner_of(request), job_id))
+
+
+@router.get("/v1/webhooks/secret", responses=_ERRORS,
+            summary="The secret your webhook receivers verify with (Standard Webhooks, whsec_...): yours alone")
+async def webhook_secret(request: Request):
+    return {"object": "webhook_secret", "secret": jobs_of(request).webhook_secret(owner_of(request))}

@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models.
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models (and /v1/models/{id}).
 
 Any ``model`` value is accepted (a single-model server; generic clients and the reference
 article's snippet send "tencent/HunyuanOCR" whatever runs behind); responses name the real model.
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ...errors import NotFound
 from ...types import ChatDone, ChatEvent, ChatText, EngineChunk, FinishReason, Prepared
 from ..bodies import completion_body, hyocr_meta, openai_finish, replicas_body, sse_stream, usage_body
 from ..convert import chat_call, completion_call
@@ -150,3 +151,13 @@ async def models(request: Request) -> dict:
         # How the server is reachable and guarded; "warning" when it listens beyond loopback unguarded.
         "hyocr": exposure(settings_of(request)),
     }
+
+
+@router.get("/v1/models/{model_id:path}", summary="One model this server runs (as listed by /v1/models)")
+async def model(request: Request, model_id: str) -> dict:
+    listed = await models(request)
+    for entry in listed["data"]:
+        if entry["id"] == model_id:
+            return entry
+    served = ", ".join(e["id"] for e in listed["data"])
+    raise NotFound(f"no model {model_id!r} here; this server runs {served}", param="model", code="model_not_found")
