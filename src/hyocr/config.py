@@ -138,6 +138,9 @@ class Settings(BaseSettings):
     metrics_host: str | None = Field(None, description="address the metrics port binds (default: host)")
     rate_limit: str | None = Field(None, description="per caller, e.g. 60/minute or 10/second;1000/hour")
     rate_limit_storage: str = Field("memory://", description="memory:// or redis://host:6379 (shared)")
+    auth_failure_limit: str | None = Field(
+        "30/minute", description="credentials that fail (401) per client address, then 429 for that address "
+        "until the window frees (guessing slowed); counted in rate_limit_storage; 'off' turns it off")
 
     # --- image URLs (off unless an allowlist is set) ---
     allowed_media_domains: str | None = Field(

@@ -96,6 +96,27 @@ def test_rate_limit_per_key_with_retry_after(fake_server_factory):
     assert requests.get(f"{server.url}/health", timeout=5).status_code == 200  # never limited
 
 
+def test_failed_credentials_are_counted_per_address_and_then_refused_unchecked(fake_server_factory):
+    server = fake_server_factory(api_keys="right", auth_failure_limit="3/minute")
+    for _ in range(5):  # no credentials at all is no guess (a browser's first request to the UI): not counted
+        assert _ocr(server).status_code == 401
+    wrong = [_ocr(server, {"Authorization": f"Bearer guess-{i}"}) for i in range(3)]
+    assert [r.json()["error"]["code"] for r in wrong] == ["invalid_api_key"] * 3
+    for credentials in ("Bearer guess-4", "Bearer right"):  # refused before checking: a guess tells nothing
+        r = _ocr(server, {"Authorization": credentials})
+        assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_auth_failures", r.text
+        assert r.json()["error"]["type"] == "rate_limit_error" and int(r.headers["retry-after"]) >= 1
+    assert requests.get(f"{server.url}/health", timeout=5).status_code == 200  # public paths stay open
+    # another address (a trusted proxy's client) has its own count; the right key works from there
+    proxied = fake_server_factory(api_keys="right", auth_failure_limit="2/minute", trusted_proxies="127.0.0.1/32")
+    for _ in range(2):
+        assert _ocr(proxied, {"Authorization": "Bearer nope", "X-Forwarded-For": "10.0.0.1"}).status_code == 401
+    assert _ocr(proxied, {"Authorization": "Bearer right", "X-Forwarded-For": "10.0.0.1"}).status_code == 429
+    assert _ocr(proxied, {"Authorization": "Bearer right", "X-Forwarded-For": "10.0.0.2"}).status_code == 200
+    off = fake_server_factory(api_keys="right", auth_failure_limit="off")
+    assert [_ocr(off, {"Authorization": "Bearer x"}).status_code for _ in range(4)] == [401] * 4
+
+
 def test_admission_sheds_excess_at_once_and_recovers(fake_server_factory):
     engine = FakeEngine(FakeScript(latency=1.0))
     server = fake_server_factory(engine, max_concurrency=2, max_queue=2)

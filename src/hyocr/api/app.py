@@ -96,7 +96,7 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
         Middleware(RequestIdMiddleware),
         Middleware(AccessLogMiddleware, metrics=metrics),
         Middleware(DrainMiddleware, drain=drain),  # at DRAIN_TIMEOUT: a JSON 503, logged and counted
-        Middleware(AuthMiddleware, policy=policy),
+        Middleware(AuthMiddleware, policy=policy, failures=_auth_failures(settings, policy)),
     ]
     if settings.rate_limit:
         limiter = RateLimiter(settings.rate_limit, settings.rate_limit_storage)
@@ -133,3 +133,11 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
 
         mount_ui(app, service, settings)
     return app
+
+
+def _auth_failures(settings: Settings, policy: AuthPolicy) -> RateLimiter | None:
+    """The counter of failed credentials per address (api/security.py), where callers have credentials."""
+    spec = (settings.auth_failure_limit or "").strip()
+    if not policy.requires_identity or spec.lower() in ("", "off", "none", "0"):
+        return None
+    return RateLimiter(spec, settings.rate_limit_storage)

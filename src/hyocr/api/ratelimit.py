@@ -29,6 +29,14 @@ class RateLimiter:
         options = {"implementation": "redispy"} if "redis" in uri.split("://", 1)[0] else {}
         self.limiter = MovingWindowRateLimiter(storage_from_string(uri, **options))
 
+    async def exceeded(self, caller: str) -> float | None:
+        """Like ``hit`` without spending: None while the caller is under every limit."""
+        for item in self.items:
+            if not await self.limiter.test(item, "hyocr", caller):
+                stats = await self.limiter.get_window_stats(item, "hyocr", caller)
+                return max(1.0, stats.reset_time - time.time())
+        return None
+
     async def hit(self, caller: str) -> float | None:
         """None when allowed; else seconds until the caller may try again."""
         for item in self.items:

@@ -3,7 +3,8 @@
 Order per request: public path? -> client IP (proxy headers only from trusted proxies) ->
 credential (Bearer token or X-API-Key; HTTP Basic with the key as password for the web UI, whose
 browser prompts for it) -> 401 when none is valid -> 403 when the identity's IP is outside the
-allowlist. The identity goes to ``scope["state"]["principal"]``: it owns jobs and keys rate limits and
+allowlist. Credentials that fail are counted per client address (AUTH_FAILURE_LIMIT): over the limit the
+address gets 429 before its credentials are even checked. The identity goes to ``scope["state"]["principal"]``: it owns jobs and keys rate limits and
 logs, so it is the whole identity, never a shortened or case-folded form of it. A key is named by a digest
 of its value (never the value); a JWT caller by a digest of its issuer and subject together (a Kubernetes
 service account's subject runs past 64 characters, and two issuers may reuse a subject). A token without a
@@ -18,6 +19,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -226,9 +228,12 @@ def _one_credential(scope: Scope, name: bytes) -> str:
 
 
 class AuthMiddleware:
-    def __init__(self, app: ASGIApp, policy: AuthPolicy) -> None:
+    def __init__(self, app: ASGIApp, policy: AuthPolicy, failures=None) -> None:
         self.app = app
         self.auth = Authenticator(policy)
+        # A RateLimiter (api/ratelimit.py) of credentials that failed, per client address: over it, the address
+        # gets 429 before its credentials are checked, so guessing keys or tokens runs at that pace at most.
+        self.failures = failures
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         policy = self.auth.policy
@@ -243,6 +248,10 @@ class AuthMiddleware:
         state = scope.setdefault("state", {})
         ip = state.get("client_ip") or self.auth.client_ip(scope)
         state["client_ip"] = ip
+        if self.failures is not None and policy.requires_identity and (
+                wait := await self.failures.exceeded(f"auth-failures:{ip}")):
+            await _too_many_failures(send, wait)
+            return
         try:
             if policy.metrics_key_digests and scope["path"] == "/metrics":  # the operator's scrapers only
                 principal: str | None = self.auth.scraper(scope)
@@ -253,6 +262,8 @@ class AuthMiddleware:
             if policy.allowed_ips and not self.auth._in(ip, policy.allowed_ips):
                 raise AuthError(403, "this address is not allowed", "ip_not_allowed")
         except AuthError as exc:
+            if self.failures is not None and exc.status == 401 and exc.code != "missing_api_key":
+                await self.failures.hit(f"auth-failures:{ip}")  # sent and failed (none sent is no guess)
             await _deny(send, exc, ui=scope["path"].startswith("/ui"))
             return
         if principal is not None:
@@ -266,3 +277,10 @@ async def _deny(send: Send, exc: AuthError, *, ui: bool) -> None:
     if exc.status == 401:
         headers.append((b"www-authenticate", b'Basic realm="hyocr"' if ui else b'Bearer realm="hyocr"'))
     await send_json_error(send, exc.status, exc.message, exc.code, type_=kind, headers=headers)
+
+
+async def _too_many_failures(send: Send, wait: float) -> None:
+    seconds = str(math.ceil(wait))
+    await send_json_error(send, 429, f"too many failed credentials from this address; retry in {seconds}s",
+                          "too_many_auth_failures", type_="rate_limit_error",
+                          headers=[(b"retry-after", seconds.encode())])
