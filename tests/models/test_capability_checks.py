@@ -131,8 +131,16 @@ def test_transformers_with_a_broken_xgrammar_turns_structured_outputs_off(tiny_c
             assert "(OSError)" in r.json()["error"]["message"]
             assert "libxgrammar" not in r.json()["error"]["message"]  # the type, never the message
         monkeypatch.undo()  # the package repaired: the next start (a supervisor's restart) checks again
-        asyncio.run(server.engine.stop())
-        asyncio.run(server.engine.start())
+        supervisor = server.app.state.supervisor
+        loop = supervisor._task.get_loop()  # the server's loop, where the engine lives
+
+        def on_server(coro):
+            return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=600)
+
+        # Its watch first: it would take the restart's stopped engine for a failed probe and start a second load
+        # beside this one (the race a stop and start from this thread lost on a busy machine).
+        on_server(supervisor.stop())
+        assert on_server(supervisor.restart("xgrammar repaired")) is True
         assert _model(server)["structured_outputs"] is True and _model(server)["structured_outputs_check"] == "passed"
         assert _extract(server, IDS).status_code == 200
     finally:
