@@ -112,6 +112,17 @@ def app_builder(args: dict[str, Any]) -> Any:
         raise ValueError(str(exc)) from None
 
 
+def _wait_deleted(serve: Any, timeout: float) -> None:
+    """Until the application is gone (its replicas drained and stopped), at most ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while APP in serve.status().applications:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the application was not deleted within {timeout:g} s")
+        time.sleep(0.5)
+
+
 def run(settings: Settings) -> int:
     """``hyocr serve --ray``: join (or start) the cluster, run the application behind Serve's proxy on
     HOST:PORT, and on SIGTERM/SIGINT drain it and stop. Exit status 0 after a clean drain."""
@@ -140,7 +151,10 @@ def run(settings: Settings) -> int:
             serve.get_deployment_handle(API_DEPLOYMENT, app_name=APP).begin_drain.remote().result(timeout_s=10)
         except Exception as exc:  # the API replica gone already: Serve's own drain still applies
             log.warning("the API replica did not start its drain: %s", exc)
-        serve.delete(APP)  # each replica finishes its requests in flight, then stops
+        # Each replica finishes its requests in flight, then stops. Not serve.delete's own wait: it gives up
+        # after 60 s, and the shutdown below would then cut a longer drain's requests off with no answer.
+        serve.delete(APP, _blocking=False)
+        _wait_deleted(serve, settings.drain_timeout + 30)
         return 0
     except Exception as exc:
         log.error("the Ray Serve application failed: %s", exc)
