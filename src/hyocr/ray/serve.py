@@ -22,6 +22,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from ..config import Settings, SettingsError, load_settings
@@ -35,6 +36,8 @@ HEALTH_CHECK_PERIOD_S = 5.0
 # A model engine's first start (weights, compilation, CUDA graphs) takes minutes on a cold machine: Serve must
 # not give up on a replica that is still loading (the lesson of the 139 s cold start).
 HEALTH_CHECK_TIMEOUT_S = 60.0
+# After the API replica's graceful timeout: the replicas stopping and Serve noting the application gone.
+DELETE_MARGIN_S = 20.0
 
 
 def engine_options(settings: Settings) -> dict[str, Any]:
@@ -114,8 +117,6 @@ def app_builder(args: dict[str, Any]) -> Any:
 
 def _wait_deleted(serve: Any, timeout: float) -> None:
     """Until the application is gone (its replicas drained and stopped), at most ``timeout`` seconds."""
-    import time
-
     deadline = time.monotonic() + timeout
     while APP in serve.status().applications:
         if time.monotonic() > deadline:
@@ -154,7 +155,8 @@ def run(settings: Settings) -> int:
         # Each replica finishes its requests in flight, then stops. Not serve.delete's own wait: it gives up
         # after 60 s, and the shutdown below would then cut a longer drain's requests off with no answer.
         serve.delete(APP, _blocking=False)
-        _wait_deleted(serve, settings.drain_timeout + 30)
+        # The API replica's graceful timeout is the longest (the engine replicas' is shorter), then their stops.
+        _wait_deleted(serve, api_options(settings)["graceful_shutdown_timeout_s"] + DELETE_MARGIN_S)
         return 0
     except Exception as exc:
         log.error("the Ray Serve application failed: %s", exc)
