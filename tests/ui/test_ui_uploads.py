@@ -46,9 +46,18 @@ def ui(monkeypatch, tmp_path) -> Iterator:
 
 
 def stored(folder: Path) -> dict[str, int]:
-    """Every file in Gradio's folder but the UI's examples: path -> bytes."""
-    return {str(p): p.stat().st_size for p in folder.rglob("*")
-            if p.is_file() and p.name not in ("id-card.png", "invoice.png")}
+    """Every file in Gradio's folder but the UI's examples: path -> bytes. A file the server deletes
+    between the listing and its stat (a hung-up upload's temporary file being cleaned) is gone: skipped."""
+    files = {}
+    for root, _dirs, names in os.walk(folder):  # os.walk skips a folder that vanishes mid-walk
+        for name in names:
+            if name in ("id-card.png", "invoice.png"):
+                continue
+            try:
+                files[os.path.join(root, name)] = os.stat(os.path.join(root, name)).st_size
+            except FileNotFoundError:
+                continue
+    return files
 
 
 def upload(server, *files: tuple[str, bytes], **kwargs) -> httpx.Response:
