@@ -21,7 +21,8 @@ from PIL import Image
 
 from hyocr.config import Settings
 from hyocr.errors import HyocrError, InvalidMedia, PayloadTooLarge, UnsupportedMediaType
-from hyocr.pipeline.media import MediaLimits, decode_base64, load_image, sniff_format
+from hyocr.pipeline.encoded import decode_base64
+from hyocr.pipeline.media import MediaLimits, load_image, sniff_format
 
 DEFAULT = MediaLimits()
 WITH_GIF = MediaLimits(formats=DEFAULT.formats | {"GIF"})

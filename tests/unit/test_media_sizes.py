@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from hyocr.api.protocol import JobJsonRequest, OcrJsonRequest
 from hyocr.errors import InvalidMedia, PayloadTooLarge
-from hyocr.pipeline.media import MediaLimits, check_base64_size, decode_base64, probe_image
+from hyocr.pipeline.encoded import check_base64_size, decode_base64
+from hyocr.pipeline.media import MediaLimits, probe_image
 
 LIMITS = MediaLimits(max_image_bytes=2048, max_pdf_bytes=8192)
 PDF = b"%PDF-1.7\n" + b"x" * 4000  # between the two caps

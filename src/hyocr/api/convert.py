@@ -9,7 +9,8 @@ from ..config import Settings
 from ..errors import InvalidRequest
 from ..hunyuan.prompts import match_prompt, parse_task
 from ..pipeline import structured
-from ..pipeline.media import MediaLimits, check_base64_size
+from ..pipeline.encoded import check_base64_size
+from ..pipeline.media import MediaLimits
 from ..types import MediaInput, OcrCall, SamplingParams, StructuredOutput, Task
 from .protocol import (
     MAX_TEXT_CHARS,

@@ -50,7 +50,7 @@ MAX_TEXT_CHARS = 1_000_000
 
 # An image or a PDF as base64 or a data URL: not held to MAX_TEXT_CHARS (a 1.5 MB scan is 2 M characters).
 # The body cap (MAX_BODY_BYTES) bounds it; the media caps (MAX_IMAGE_BYTES, MAX_PDF_BYTES) apply to its
-# decoded size, known from its length before anything is decoded (pipeline/media.py check_base64_size: 413).
+# decoded size, known from its length before anything is decoded (pipeline/encoded.py check_base64_size: 413).
 MediaStr = Annotated[str, Field(max_length=sys.maxsize), WithJsonSchema({"type": "string"})]
 
 

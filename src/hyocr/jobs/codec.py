@@ -39,7 +39,7 @@ def request_digest(call: OcrCall, callback: tuple[str, dict | None] | None, limi
     document's content (decoded, so base64, a data URL and an upload of one file are one request; an image
     URL or an object URI by its text, since it is read only after this check). An Idempotency-Key reused with
     another digest is refused."""
-    from ..pipeline.media import decode_base64
+    from ..pipeline.encoded import decode_base64
     from ..pipeline.objects import is_object_uri
 
     whole = hashlib.sha256()

@@ -22,12 +22,12 @@ from ..observability.logs import record
 from ..observability.tracing import span
 from ..types import MediaInput, PageImage
 from .fetch import FetchPolicy, fetch_image
+from .encoded import decode_base64
 from .media import (
     ImageProbe,
     MediaLimits,
     check_pdf_size,
     check_request_pixels,
-    decode_base64,
     decode_cost,
     decode_image,
     frame_probe,
