@@ -41,11 +41,6 @@ def _cpu_vllm_environment() -> None:
         return
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # vLLM binds a CPU engine's compute threads to all CPUs but one it reserves: on two CPUs, every engine
-    # on CPU 0. With the suite on several workers (scripts/test.sh), each worker's engines get a CPU of their own.
-    worker, cpus = os.environ.get("PYTEST_XDIST_WORKER", ""), sorted(os.sched_getaffinity(0))
-    if worker.startswith("gw") and len(cpus) > 1:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cpus[int(worker[2:]) % len(cpus)]))
 
 
 @pytest.fixture(scope="session")
