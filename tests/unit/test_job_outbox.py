@@ -38,6 +38,14 @@ async def _jobs(store: JobStore, *ids: str) -> None:
                                          "requested_task": "text", "model": "m", "engine": "fake"} for i in ids])
 
 
+async def _eventually(check, timeout: float = 10.0) -> None:
+    """Waits for what other tasks do next: fixed sleeps were too short on a loaded two-core CI machine."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
 def test_receivers_are_host_and_port():
     assert receiver("https://Hooks.Example.com/a") == receiver("https://hooks.example.com:443/b")
     assert receiver("http://h.test/x") != receiver("http://h.test:8080/x")
@@ -66,16 +74,19 @@ def test_two_replicas_never_send_one_delivery_and_each_receiver_is_bounded(tmp_p
         await replicas[0].add("other", "job-x", "http://other.test/hook", None, b"{}")
         await replicas[0].add("other", "job-x", "http://other.test/hook", None, b"{}")  # queued once
         started = await asyncio.gather(*(box.start_due(time.time()) for box in replicas))
-        await asyncio.sleep(0.05)
+        await _eventually(lambda: len(sent) == sum(started))
         # each replica may hold two slow.test slots; the other receiver is not held up behind them
         assert sum(started) == len(sent) == len(set(sent)) and "other" in sent
         assert sum(s.startswith("slow") for s in sent) == 4
         assert await replicas[0].start_due(time.time()) == 0  # nothing more is due: claimed or bounded
         release.set()
-        await asyncio.sleep(0.05)
-        assert await replicas[1].start_due(time.time()) == 1  # the fifth, once a slot is free
-        await asyncio.sleep(0.05)
-        assert len(sent) == len(set(sent)) == 6
+        fifth, deadline = 0, time.monotonic() + 10  # the fifth, once a slot is free (a loaded machine takes a while)
+        while not fifth and time.monotonic() < deadline:
+            fifth = await replicas[1].start_due(time.time())
+            await asyncio.sleep(0.02)
+        assert fifth == 1
+        await _eventually(lambda: len(sent) == 6)
+        assert len(set(sent)) == 6
         await store.close()
 
     asyncio.run(scenario())
