@@ -1,5 +1,5 @@
 """``hyocr batch --ray`` as a user runs it: a Ray Data pipeline on a local Ray cluster the CLI starts (two
-rapidocr engine actors), over 50 rendered pages: ten images and four scanned ten-page PDFs, the PDFs' folder
+rapidocr engine actors), over 18 rendered pages: six images and three scanned four-page PDFs, the PDFs' folder
 given as a file:// URI (listed and read by batch/sources.py). It writes what the in-process batch writes,
 page for page, and either resumes the other's work."""
 
@@ -58,11 +58,11 @@ def corpus(tmp_path_factory) -> tuple[Path, list[str]]:
     images, pdfs = root / "images", root / "pdfs"
     images.mkdir()
     pdfs.mkdir()
-    for n in range(10):
+    for n in range(6):
         lines = [Line(f"RECEIPT {n:02d}", (30, 40), 30), Line(f"TOTAL {n * 7}.50 EUR", (30, 170), 30)]
         render(lines, size=(360, 300)).image.save(images / f"receipt{n:02d}.png")
-    for d in range(4):
-        (pdfs / f"report{d}.pdf").write_bytes(_scans([f"REPORT {d} PAGE {p}" for p in range(1, 11)]))
+    for d in range(3):
+        (pdfs / f"report{d}.pdf").write_bytes(_scans([f"REPORT {d} PAGE {p}" for p in range(1, 5)]))
     (images / "broken.png").write_bytes(b"not a png at all")  # fails in both, with the same message
     (pdfs / "damaged.pdf").write_bytes(_scans(["DAMAGED"])[:300])
     return root, [str(images), pdfs.as_uri()]
@@ -109,18 +109,18 @@ def mtimes(out: Path) -> dict[str, int]:
 def test_ray_batch_writes_exactly_what_the_in_process_batch_writes(single, on_ray):
     out, done = on_ray
     reference, got = bodies(single), bodies(out)
-    assert len(reference) == 14 and list(got) == list(reference)  # the same names: the same keys
+    assert len(reference) == 9 and list(got) == list(reference)  # the same names: the same keys
     for name, body in reference.items():
         assert got[name] == body, name  # texts, blocks (boxes, scores), pages, dpi, usage: all equal
     pages = [p for body in got.values() for p in body["pages"]]
-    assert len(pages) == 50 and all(p["blocks"] for p in pages)
+    assert len(pages) == 18 and all(p["blocks"] for p in pages)
     report = next(b for n, b in got.items() if n.startswith("report2.pdf"))
-    assert [squash(p["text"]) for p in report["pages"]] == [f"REPORT2PAGE{p}PAGETOTAL12.50" for p in range(1, 11)]
-    assert [p["source"] for p in report["pages"]] == ["render"] * 10
+    assert [squash(p["text"]) for p in report["pages"]] == [f"REPORT2PAGE{p}PAGETOTAL12.50" for p in range(1, 5)]
+    assert [p["source"] for p in report["pages"]] == ["render"] * 4
     s, ref = summary(out), summary(single)
     assert s["items"] == ref["items"] and s["documents"] == ref["documents"] == {
-        "total": 16, "done": 14, "failed": 2, "resumed": 0}
-    assert s["pages"] == ref["pages"] == {"total": 50, "failed": 0, "read_this_run": 50}
+        "total": 11, "done": 9, "failed": 2, "resumed": 0}
+    assert s["pages"] == ref["pages"] == {"total": 18, "failed": 0, "read_this_run": 18}
     failed = {Path(i["path"]).name: i["error"] for i in s["items"] if i["status"] == "failed"}
     assert set(failed) == {"broken.png", "damaged.pdf"} and all(failed.values())
     assert sorted(map(json.dumps, states(out))) == sorted(map(json.dumps, states(single)))
@@ -132,7 +132,7 @@ def test_summary_reports_pages_per_second_of_each_worker(on_ray):
     workers = summary(out)["workers"]
     assert len(workers) == 2 and len({w["worker"] for w in workers}) == 2
     assert all(w["pages"] > 0 and w["busy_s"] > 0 and w["pages_per_s"] > 0 and w["node"] for w in workers)
-    assert sum(w["pages"] for w in workers) == 50
+    assert sum(w["pages"] for w in workers) == 18
     lines = [line for line in done.stderr.splitlines() if line.startswith("hyocr: worker ")]
     assert len(lines) == 2 and all("pages/s" in line for line in lines)
 
@@ -144,7 +144,7 @@ def test_a_rerun_of_either_path_resumes_the_others_work(single, on_ray, ray_env,
     again = _batch(ray_env, *inputs, "--output", str(out), "--ray", "--ray-replicas", "2", "--table", "parquet")
     assert again.returncode == 1, again.stderr  # the two failures, out of attempts: not read again
     s = summary(out)
-    assert s["documents"]["resumed"] == 14 and s["pages"]["read_this_run"] == 0 and s["workers"] == []
+    assert s["documents"]["resumed"] == 9 and s["pages"]["read_this_run"] == 0 and s["workers"] == []
     assert mtimes(out) == before and "hyocr: worker" not in again.stderr  # nothing read: no cluster started
     import pyarrow.parquet as pq
 
@@ -156,11 +156,11 @@ def test_a_rerun_of_either_path_resumes_the_others_work(single, on_ray, ray_env,
     resumed = _batch(ray_env, *inputs, "--output", str(out))
     assert resumed.returncode == 1, resumed.stderr
     s = summary(out)
-    assert s["documents"]["resumed"] == 13 and s["pages"]["read_this_run"] == 10
+    assert s["documents"]["resumed"] == 8 and s["pages"]["read_this_run"] == 4
     assert bodies(out) == bodies(single)
     # and the Ray path on the in-process folder: all of it done already
     also = _batch(ray_env, *inputs, "--output", str(single), "--ray")
-    assert also.returncode == 1 and summary(single)["documents"]["resumed"] == 14
+    assert also.returncode == 1 and summary(single)["documents"]["resumed"] == 9
 
 
 def test_no_ray_process_outlives_the_runs(on_ray):
