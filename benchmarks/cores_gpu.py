@@ -43,12 +43,13 @@ engines_gpu.VARIANTS.update({
     "api3-cores3": "--engines-per-gpu 3 --api-processes 3",  # each API process owns one core
     "api4-cores4": "--engines-per-gpu 4 --api-processes 4",
     "v2": "",  # vLLM 0.26's V2 model runner (VARIANT_ENV), all else the defaults
+    "v1": "",  # the V1 model runner (VARIANT_ENV): the default on 0.26 until session 20
     "v2-api3-cores3": "--engines-per-gpu 3 --api-processes 3",
     "v2-api4-cores4": "--engines-per-gpu 4 --api-processes 4",
 })
-# Variants that differ by the server's environment: "v2..." runs vLLM 0.26's V2 model runner (hyocr picks V1 on
-# 0.26 unless VLLM_USE_V2_MODEL_RUNNER is set; vision.py gives HunYuanVL's forward the defaults V2's capture needs).
-VARIANT_ENV = {"v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}
+# Variants that differ by the server's environment: "v2..." forces vLLM 0.26's V2 model runner, "v1" its V1 runner
+# (since session 20 hyocr leaves 0.26 its own choice, V2; vision.py gives HunYuanVL's forward the defaults V2 needs).
+VARIANT_ENV = {"v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
 CARD_LEVELS = [int(c) for c in os.environ.get("CARD_LEVELS", "1,32,64,128,192").split(",") if c]
 A4_LEVELS = [int(c) for c in os.environ.get("A4_LEVELS", "64,128").split(",") if c]
 PER_STREAM = {"card": 4, "a4": 2}
@@ -226,7 +227,10 @@ def run(target: str, out: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     if not engines_gpu.port_free(port):
         raise RuntimeError(f"port {port} is taken")
-    command = engines_gpu.server_command(target.replace("+api4", ""), port)
+    # "+api4" is vllm serve's --api-server-count 4; hyocr's "api4-cores4" variant keeps its name (session 20
+    # stripped it there too and measured the transformers engine under the name of four vLLM cores)
+    base = target.removesuffix("+api4") if target.startswith("vllm-serve") else target
+    command = engines_gpu.server_command(base, port)
     if target.startswith("vllm-serve"):
         command = [c for c in command if c not in ("--gpu-memory-utilization", "0.2")]  # the official flags
         if target.endswith("+api4"):

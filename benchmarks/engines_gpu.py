@@ -92,7 +92,9 @@ def server_command(target: str, port: int) -> list[str]:
                 "--mm-processor-cache-gb", "0", "--gpu-memory-utilization", "0.2",
                 "--chat-template", str(serve_chat_template())]
     base, _, variant = target.partition("+")
-    engine = "vllm" if base == "hyocr-vllm" else "transformers"
+    engine = {"hyocr-vllm": "vllm", "hyocr-transformers": "transformers"}.get(base)
+    if engine is None or variant not in VARIANTS and variant:  # a typo must not measure another engine
+        raise ValueError(f"unknown target {target!r}")
     cmd = [py, "-m", "hyocr", "serve", "--engine", engine, "--model", str(CHECKPOINT), "--port", str(port),
            "--served-model-name", target, "--log-level", "warning", *VARIANTS.get(variant, "").split()]
     if engine == "transformers":

@@ -18,28 +18,23 @@ started=$(date +%s)
 elapsed() { echo $(( $(date +%s) - started )); }
 note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 
-# Order (session 20, NOTES entry 22's plan): one core on V2 then on V1 (cards c=1 and 64, A4 at 64: does V2 lower the
-# c=1 step, and the one-core A4 reference on this card kind), the official `vllm serve` baseline, four cores with four
-# API processes (V1), `vllm serve --api-server-count 4`, then three cores on V2 and on V1 at the high levels.
-note "one core, V2 runner"
-CARD_LEVELS=1,64 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+v2
+# Order (session 21, NOTES entry 23): the multi-core targets on V2 (0.26's runner now), the official `vllm serve`
+# baseline beside them, then one core (V2) for the c=1 target and A4, and `--api-server-count 4`.
+note "three cores, three API processes (V2)"
+CARD_LEVELS=64,128,192,256 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api3-cores3"
 
-note "one core, V1 runner"
-CARD_LEVELS=1,64 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
+note "four cores, four API processes (V2)"
+CARD_LEVELS=64,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api4-cores4"
 
 note "vllm serve (official flags)"
 [ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
 PYTHONPATH="$PYTHONPATH:/tmp/serve-site" CARD_LEVELS=1,64,192 A4_LEVELS=64 \
   python3 benchmarks/cores_gpu.py "$out" vllm-serve
 
-note "four cores, four API processes, V1 runner"
-CARD_LEVELS=64,192,256 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api4-cores4"
+note "one core (V2)"
+CARD_LEVELS=1,64 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
 
 note "vllm serve --api-server-count 4"
 PYTHONPATH="$PYTHONPATH:/tmp/serve-site" CARD_LEVELS=64,192 LEVELS_ONLY=card \
   python3 benchmarks/cores_gpu.py "$out" vllm-serve+api4
-
-note "three cores on V2, three on V1"
-CARD_LEVELS=64,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+v2-api3-cores3"
-CARD_LEVELS=64,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api3-cores3"
 note "done"

@@ -9,6 +9,8 @@ the engine's start-up self test and benchmarks/vit_cost.py.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -199,3 +201,27 @@ def test_the_native_models_forward_gets_the_defaults_v2s_capture_relies_on(monke
     assert calls == [("ids", "pos", None, "emb", {}), ("ids", "pos", "it", None, {"extra": 1})]
     monkeypatch.setattr(vllm_vision.compat, "native_model_class", lambda: None)
     assert vllm_vision.install_forward_defaults() == "no native model"
+
+
+@pytest.mark.parametrize(("version", "own_extension", "chosen", "runner"), [
+    ("0.26.0", True, None, None),  # vLLM's own choice: V2 for HunYuanVL, the forward has its defaults
+    ("0.26.0", False, None, "0"),  # another worker extension: the forward is vLLM's own, V2 would fail
+    ("0.26.0", False, "1", "1"),  # the user's choice stands
+    ("0.32.0", False, None, None),
+])
+def test_vllm_026_runs_the_v2_model_runner_unless_the_forward_lacks_its_defaults(monkeypatch, version, own_extension,
+                                                                                  chosen, runner):
+    from hyocr.engines.vllm import compat
+    from hyocr.engines.vllm.engine import VllmEngine
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    if chosen is not None:
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", chosen)
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    compat.apply_version_workarounds(version, forward_defaults=own_extension)
+    assert os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == runner
+    engine = VllmEngine.__new__(VllmEngine)
+    engine.engine_args = {}
+    assert engine.own_worker_extension
+    engine.engine_args = {"worker_extension_cls": "mine.Extension"}
+    assert not engine.own_worker_extension

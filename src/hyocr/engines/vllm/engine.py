@@ -159,6 +159,11 @@ class VllmEngine(StartupCalls, SharedEngine):
         whole server when it fails (the supervisor then exits this process instead of restarting)."""
         return self.shared_core is None
 
+    @property
+    def own_worker_extension(self) -> bool:
+        """hyocr's worker extension (vision.py) runs in the engine process, unless VLLM_ARGS names another."""
+        return self.engine_args.get("worker_extension_cls", VISION_EXTENSION) == VISION_EXTENSION
+
     def prepare_args(self) -> dict[str, Any]:
         """The final AsyncEngineArgs: the checkpoint folder resolved, the KV cache sized from the workload,
         hyocr's worker extension named. Blocking (it may download); idempotent. ``hyocr serve`` with
@@ -201,7 +206,7 @@ class VllmEngine(StartupCalls, SharedEngine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         started = time.perf_counter()
-        apply_version_workarounds(__version__)
+        apply_version_workarounds(__version__, forward_defaults=self.own_worker_extension)
         self.backend = hunyuan_backend()
         kwargs = await asyncio.to_thread(self.prepare_args)
         # Building the engine blocks for tens of seconds (processes, weights, compilation): off the event
