@@ -224,7 +224,8 @@ def _forward_with_defaults(forward: Any) -> Any:
 
 def install_forward_defaults() -> str:
     """Give the native model's ``forward`` the defaults every other vLLM model has: vLLM 0.26's V2 model runner
-    captures CUDA graphs calling it without ``intermediate_tensors`` (a TypeError at start). This is what lets compat.apply_version_workarounds leave 0.26 on V2 (its faster runner)."""
+    captures CUDA graphs calling it without ``intermediate_tensors`` (a TypeError at start).
+    This is what lets compat.apply_version_workarounds leave 0.26 on V2 (its faster runner)."""
     cls = compat.native_model_class()
     if cls is None:
         return "no native model"
