@@ -237,6 +237,8 @@ def run(target: str, out: Path) -> None:
             command += ["--api-server-count", "4"]
     log = open(out / f"{engines_gpu.safe(target)}.server.log", "w")
     env = {**os.environ, "HYOCR_UI": "false", "PYTHONPATH": f"{engines_gpu.ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    if target.startswith("hyocr"):  # the bundle's install.sh sets V1 for `vllm serve` (V2 fails on HunYuanVL's
+        env.pop("VLLM_USE_V2_MODEL_RUNNER", None)  # stock forward); hyocr picks its runner itself
     variant = target.partition("+")[2]
     env.update(VARIANT_ENV.get(variant.split("-")[0], {}) if variant else {})
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
