@@ -47,10 +47,12 @@ def test_pdf_rendering_and_decoding_before_the_engine_are_not_stalls(fake_server
     from pdfs import slow_pdf
 
     engine = FakeEngine(FakeScript(latency=0.2))
-    server = fake_server_factory(engine, ui=False, stall_timeout=1.0, pdf_render_timeout=30)
+    # 50k strokes: seconds to render here, far past the 1 s stall timeout; the render timeout leaves a loaded CI
+    # machine room (200k took 27 s of a 30 s timeout there)
+    server = fake_server_factory(engine, ui=False, stall_timeout=1.0, pdf_render_timeout=120)
     started = time.monotonic()
-    r = requests.post(f"{server.url}/v1/ocr", files={"file": ("slow.pdf", slow_pdf(), "application/pdf")},
-                      data={"task": "text"}, timeout=60)
+    r = requests.post(f"{server.url}/v1/ocr", files={"file": ("slow.pdf", slow_pdf(50_000), "application/pdf")},
+                      data={"task": "text"}, timeout=180)
     assert r.status_code == 200, r.text
     assert time.monotonic() - started > 1.0, "the render was expected to take longer than the stall timeout"
     assert engine.starts == 1 and _restarts(server.url) == 0
