@@ -134,10 +134,13 @@ class BatchRunner:
     async def run(self, poll: float, wake: asyncio.Event, dispatch: asyncio.Event) -> None:
         """Whole-batch work until cancelled: when ``wake`` is set, or every ``poll`` seconds. ``dispatch``
         (the dispatcher's wake) is set when a batch's chunks become claimable."""
-        async def one_pass() -> None:
+        async def one_pass() -> bool:
+            worked = False
             while (batch := await self.store.claim_batch(self.replica)) is not None:
                 await self._held(batch)
                 dispatch.set()
+                worked = True
+            return worked
 
         await passes(one_pass, wake, poll, "batch work")
 

@@ -112,9 +112,12 @@ class JobExports:
         self.document = document  # async (job) -> the /v1/ocr body of its result (the api layer's ocr_body)
 
     async def run(self, poll: float, wake: asyncio.Event) -> None:
-        async def one_pass() -> None:
+        async def one_pass() -> bool:
+            worked = False
             while (job_id := await self._claim()) is not None:
                 await self._export(job_id)
+                worked = True
+            return worked
 
         await passes(one_pass, wake, poll, "job output")
 

@@ -23,6 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..pipeline.fetch import FetchPolicy
+from .loops import passes
 from .schema import deliveries, jobs
 from .webhooks import Delivery, WebhookSigner, deliver
 
@@ -53,6 +54,7 @@ class Outbox:
         self.signer: WebhookSigner | None = None  # set when the jobs open (the secret is read then)
         self._sending: dict[str, asyncio.Task] = {}
         self._hosts: Counter[str] = Counter()
+        self.wake = asyncio.Event()  # a delivery queued here: send it now, not at the next poll
 
     # ------------------------------------------------------------------ the table
 
@@ -63,7 +65,8 @@ class Outbox:
                 await db.execute(insert(deliveries).values(id=delivery_id, job_id=job_id, url=url, headers=headers,
                                                            body=body, attempt=0, next_at=0.0, state="pending"))
         except IntegrityError:
-            pass
+            return
+        self.wake.set()
 
     async def due(self, now: float, *, limit: int = PAGE, after: tuple[float, str] | None = None
                   ) -> list[DueDelivery]:
@@ -99,15 +102,14 @@ class Outbox:
     # ------------------------------------------------------------------ sending
 
     async def run(self, poll: float) -> None:
-        """Start what is due, every ``poll`` seconds, until cancelled (then the attempts in flight stop: their
-        claims lapse and they are sent again, with the same webhook-id)."""
+        """Start what is due when a delivery is queued, or every ``poll`` seconds (longer while nothing is due or
+        sending: loops.passes), until cancelled (then the attempts in flight stop: their claims lapse and they are
+        sent again, with the same webhook-id)."""
+        async def one_pass() -> bool:
+            return await self.start_due(time.time()) > 0 or bool(self._sending)
+
         try:
-            while True:
-                try:
-                    await self.start_due(time.time())
-                except Exception:  # the database went away for a moment: again at the next poll
-                    log.exception("webhook delivery failed")
-                await asyncio.sleep(poll)
+            await passes(one_pass, self.wake, poll, "webhook delivery")
         finally:
             for task in self._sending.values():
                 task.cancel()

@@ -89,13 +89,16 @@ class JobRunner:
     async def _dispatch(self) -> None:
         await passes(self._dispatch_pass, self.wake, self.poll, "job dispatch")
 
-    async def _dispatch_pass(self) -> None:
+    async def _dispatch_pass(self) -> bool:
+        claimed = False
         while self._room() and (work := await self._claim()) is not None:
             key, owner, run = work
             task = asyncio.create_task(run)
             self._ranges[key], self._job_of[key] = task, owner
             task.add_done_callback(self._forget)
+            claimed = True
         await self._refresh_metrics()
+        return claimed
 
     async def _claim(self):
         """(key, job or batch id, the coroutine to run) of the next work: a job's range or a batch's chunk,
