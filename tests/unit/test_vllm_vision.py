@@ -203,14 +203,13 @@ def test_the_native_models_forward_gets_the_defaults_v2s_capture_relies_on(monke
     assert vllm_vision.install_forward_defaults() == "no native model"
 
 
-@pytest.mark.parametrize(("version", "own_extension", "chosen", "runner"), [
+@pytest.mark.parametrize(("version", "measured", "chosen", "runner"), [
     ("0.26.0", True, None, None),  # vLLM's own choice: V2 for HunYuanVL, the forward has its defaults
-    ("0.26.0", False, None, "0"),  # another worker extension: the forward is vLLM's own, V2 would fail
+    ("0.26.0", False, None, "0"),  # e.g. LoRA or another worker extension: V1, as measured before
     ("0.26.0", False, "1", "1"),  # the user's choice stands
     ("0.32.0", False, None, None),
 ])
-def test_vllm_026_runs_the_v2_model_runner_unless_the_forward_lacks_its_defaults(monkeypatch, version, own_extension,
-                                                                                  chosen, runner):
+def test_vllm_026_runs_the_v2_model_runner_where_it_was_measured(monkeypatch, version, measured, chosen, runner):
     from hyocr.engines.vllm import compat
     from hyocr.engines.vllm.engine import VllmEngine
 
@@ -218,10 +217,12 @@ def test_vllm_026_runs_the_v2_model_runner_unless_the_forward_lacks_its_defaults
     if chosen is not None:
         monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", chosen)
     monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    compat.apply_version_workarounds(version, forward_defaults=own_extension)
+    compat.apply_version_workarounds(version, v2_runner=measured)
     assert os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == runner
     engine = VllmEngine.__new__(VllmEngine)
     engine.engine_args = {}
-    assert engine.own_worker_extension
-    engine.engine_args = {"worker_extension_cls": "mine.Extension"}
-    assert not engine.own_worker_extension
+    assert engine.v2_runner_measured
+    for unmeasured in ({"worker_extension_cls": "mine.Extension"}, {"enable_lora": True},
+                       {"speculative_config": {"method": "dflash"}}, {"data_parallel_size": 2}):
+        engine.engine_args = unmeasured
+        assert not engine.v2_runner_measured, unmeasured

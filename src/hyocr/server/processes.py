@@ -63,7 +63,7 @@ def serve(settings: Settings) -> int:
         return serve_own_cores(settings)
     count = settings.api_processes
     engine = VllmEngine.from_settings(settings)
-    compat.apply_version_workarounds(__version__, forward_defaults=engine.own_worker_extension)
+    compat.apply_version_workarounds(__version__, v2_runner=engine.v2_runner_measured)
     compat.setup_multiprocess_metrics()  # before any front end starts: they inherit the directory
     kwargs = engine.prepare_args()  # the same final arguments for the core and every front end
     # vLLM waits this long for the front ends to drain after SIGTERM before it kills them.

@@ -46,21 +46,21 @@ def client_errors() -> tuple[type[BaseException], ...]:
     return (ValueError, VLLMClientError)
 
 
-def apply_version_workarounds(version: str, *, forward_defaults: bool = True) -> None:
+def apply_version_workarounds(version: str, *, v2_runner: bool = True) -> None:
     """Environment fixes for known vLLM/HunYuanVL problems, set only where the user has not chosen.
 
     - 0.26: the V2 model runner's CUDA-graph capture calls HunYuanVL without intermediate_tensors (a TypeError
       at start-up). hyocr's worker extension gives that forward the defaults (vision.py
-      install_forward_defaults), so vLLM's own choice stands: V2 for this dense model, V1 where V2 lacks a
-      feature in use. V2 measured faster (H100, 2026-12-06: a card at c=1 0.31 vs 0.35 s, 32.2 vs 29.4 cards/s
-      at c=64, pages equal). ``forward_defaults=False`` (another worker extension in VLLM_ARGS, so the forward
-      is vLLM's own): V1. 0.32 has no such problem.
+      install_forward_defaults), so vLLM's own choice, V2, stands where it was measured (H100, 2026-12-06: a
+      card at c=1 0.31 vs 0.35 s, 32.2 vs 29.4 cards/s at c=64, pages equal). ``v2_runner=False`` (the engine's
+      v2_runner_measured: another worker extension, LoRA, speculative decoding or vLLM data parallelism): V1,
+      as before. 0.32 has no such problem.
     - Without flashinfer installed, vLLM's flashinfer sampler kills the engine at start (0.26, 0.32).
     """
-    if version.startswith("0.26") and not forward_defaults and "VLLM_USE_V2_MODEL_RUNNER" not in os.environ:
+    if version.startswith("0.26") and not v2_runner and "VLLM_USE_V2_MODEL_RUNNER" not in os.environ:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-        log.info("vLLM %s: using the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0): HunYuanVL's forward is not "
-                 "given the defaults V2 needs without hyocr's worker extension", version)
+        log.info("vLLM %s: using the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0): V2 is unmeasured with this "
+                 "configuration", version)
     if importlib.util.find_spec("flashinfer") is None and "VLLM_USE_FLASHINFER_SAMPLER" not in os.environ:
         os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
 

@@ -160,9 +160,13 @@ class VllmEngine(StartupCalls, SharedEngine):
         return self.shared_core is None
 
     @property
-    def own_worker_extension(self) -> bool:
-        """hyocr's worker extension (vision.py) runs in the engine process, unless VLLM_ARGS names another."""
-        return self.engine_args.get("worker_extension_cls", VISION_EXTENSION) == VISION_EXTENSION
+    def v2_runner_measured(self) -> bool:
+        """vLLM 0.26's V2 model runner was measured on the GPU for this configuration (docs/benchmarks.md, session
+        20): hyocr's worker extension (vision.py gives HunYuanVL's forward V2's defaults; VLLM_ARGS may name
+        another), no LoRA, no speculative decoding, no vLLM data parallelism. The rest keeps V1 until measured."""
+        args = self.engine_args
+        return (args.get("worker_extension_cls", VISION_EXTENSION) == VISION_EXTENSION and not args.get("enable_lora")
+                and not args.get("speculative_config") and (args.get("data_parallel_size") or 1) <= 1)
 
     def prepare_args(self) -> dict[str, Any]:
         """The final AsyncEngineArgs: the checkpoint folder resolved, the KV cache sized from the workload,
@@ -206,7 +210,7 @@ class VllmEngine(StartupCalls, SharedEngine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         started = time.perf_counter()
-        apply_version_workarounds(__version__, forward_defaults=self.own_worker_extension)
+        apply_version_workarounds(__version__, v2_runner=self.v2_runner_measured)
         self.backend = hunyuan_backend()
         kwargs = await asyncio.to_thread(self.prepare_args)
         # Building the engine blocks for tens of seconds (processes, weights, compilation): off the event
