@@ -6,16 +6,15 @@ from __future__ import annotations
 import asyncio
 import time
 
-from hyocr.jobs.loops import IDLE_FACTOR, Idle, passes
+from hyocr.jobs.loops import IDLE_FACTOR, next_wait, passes
 
 
 def test_the_wait_doubles_while_idle_up_to_its_bound_and_work_resets_it():
-    idle = Idle(0.5)
-    assert [idle.after(False) for _ in range(4)] == [1.0, 2.0, 2.0, 2.0] and 0.5 * IDLE_FACTOR == 2.0
-    assert idle.after(True) == 0.5
-    idle.after(False)
-    idle.woken()
-    assert idle.wait == 0.5
+    waits = [0.5]
+    for _ in range(4):
+        waits.append(next_wait(waits[-1], 0.5, worked=False))
+    assert waits[1:] == [1.0, 2.0, 2.0, 2.0] and 0.5 * IDLE_FACTOR == 2.0
+    assert next_wait(2.0, 0.5, worked=True) == 0.5  # (a wake resets it too: the next test)
 
 
 def test_an_idle_loop_passes_less_often_and_a_wake_runs_a_pass_at_once():

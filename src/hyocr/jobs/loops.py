@@ -15,25 +15,17 @@ log = logging.getLogger("hyocr.jobs")
 IDLE_FACTOR = 4
 
 
-class Idle:
-    """The wait before the next pass: ``poll`` while passes find work, doubling to ``poll * IDLE_FACTOR``."""
-
-    def __init__(self, poll: float) -> None:
-        self.poll, self.wait = poll, poll
-
-    def after(self, worked: bool) -> float:
-        self.wait = self.poll if worked else min(self.wait * 2, self.poll * IDLE_FACTOR)
-        return self.wait
-
-    def woken(self) -> None:
-        self.wait = self.poll
+def next_wait(wait: float, poll: float, worked: bool) -> float:
+    """The wait before the next pass: ``poll`` after a pass that found work, else the last wait doubled, up to
+    ``poll * IDLE_FACTOR``."""
+    return poll if worked else min(wait * 2, poll * IDLE_FACTOR)
 
 
 async def passes(one_pass: Callable[[], Awaitable[bool]], wake: asyncio.Event, poll: float, what: str) -> None:
     """``one_pass()`` until cancelled: again as soon as ``wake`` is set, else after a wait of ``poll`` seconds
     that grows while passes find nothing (``one_pass`` returns whether it did work; see IDLE_FACTOR). A pass
     that fails (the database away for a moment) is logged and tried again after ``poll``."""
-    idle = Idle(poll)
+    wait = poll
     while True:
         wake.clear()  # before the pass: a wake set during it runs the next pass at once
         try:
@@ -41,8 +33,8 @@ async def passes(one_pass: Callable[[], Awaitable[bool]], wake: asyncio.Event, p
         except Exception:
             log.exception("%s failed", what)
             worked = True
-        wait = idle.after(worked)
+        wait = next_wait(wait, poll, worked)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
                 await wake.wait()
-                idle.woken()
+                wait = poll
