@@ -42,6 +42,7 @@ engines_gpu.VARIANTS.update({
     "api4-cores3": "--engines-per-gpu 3 --api-processes 3",
     "api3-cores3": "--engines-per-gpu 3 --api-processes 3",  # each API process owns one core
     "api4-cores4": "--engines-per-gpu 4 --api-processes 4",
+    "api5-cores5": "--engines-per-gpu 5 --api-processes 5",
     "v2": "",  # vLLM 0.26's V2 model runner (VARIANT_ENV), all else the defaults
     "v1": "",  # the V1 model runner (VARIANT_ENV): the default on 0.26 until session 20
     "v2-api3-cores3": "--engines-per-gpu 3 --api-processes 3",

@@ -18,23 +18,26 @@ started=$(date +%s)
 elapsed() { echo $(( $(date +%s) - started )); }
 note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 
-# Order (session 21, NOTES entry 23): the multi-core targets on V2 (0.26's runner now), the official `vllm serve`
-# baseline beside them, then one core (V2) for the c=1 target and A4, and `--api-server-count 4`.
-note "three cores, three API processes (V2)"
-CARD_LEVELS=64,128,192,256 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api3-cores3"
-
+# Order (session 21): four and three cores on V2 (0.26's runner now) for the cards target, the official `vllm serve`
+# baseline at the same levels, one core (V2) for the c=1 target and A4, `--api-server-count 4`, then five cores.
 note "four cores, four API processes (V2)"
-CARD_LEVELS=64,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api4-cores4"
+CARD_LEVELS=64,128,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api4-cores4"
+
+note "three cores, three API processes (V2)"
+CARD_LEVELS=64,192,256 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api3-cores3"
 
 note "vllm serve (official flags)"
 [ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
-PYTHONPATH="$PYTHONPATH:/tmp/serve-site" CARD_LEVELS=1,64,192 A4_LEVELS=64 \
+PYTHONPATH="$PYTHONPATH:/tmp/serve-site" CARD_LEVELS=1,64,192,256 A4_LEVELS=64 \
   python3 benchmarks/cores_gpu.py "$out" vllm-serve
 
 note "one core (V2)"
 CARD_LEVELS=1,64 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
 
 note "vllm serve --api-server-count 4"
-PYTHONPATH="$PYTHONPATH:/tmp/serve-site" CARD_LEVELS=64,192 LEVELS_ONLY=card \
+PYTHONPATH="$PYTHONPATH:/tmp/serve-site" CARD_LEVELS=64,192,256 LEVELS_ONLY=card \
   python3 benchmarks/cores_gpu.py "$out" vllm-serve+api4
+
+note "five cores, five API processes (V2)"
+CARD_LEVELS=192,256,320 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api5-cores5"
 note "done"

@@ -160,7 +160,9 @@ def test_503_with_retry_after_is_waited_out_then_succeeds(scripted):
     with HyocrClient(server.url) as client:
         assert client.ocr(b"img").text == "OK"
     (first, h1), (second, h2) = server.seen
-    assert 0.95 <= second - first < 2.0  # Retry-After: 1, honoured
+    # Retry-After: 1, honoured (a wait of 1-1.3 s; the bound leaves room for a loaded CI machine, and stays
+    # below what a misread header would give: the 10 s cap or a backoff ignoring it)
+    assert 0.95 <= second - first < 4.0
     assert h1["X-Request-ID"].removesuffix(".1") == h2["X-Request-ID"].removesuffix(".2")
 
 

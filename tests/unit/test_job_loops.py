@@ -38,7 +38,7 @@ def test_an_idle_loop_passes_less_often_and_a_wake_runs_a_pass_at_once():
 
     idle_passes, after_wake, times = asyncio.run(scenario())
     assert 2 <= idle_passes <= 5, times
-    assert after_wake is not None and after_wake < 0.15  # at once, not after the idle wait (0.4 s)
+    assert after_wake is not None and after_wake < 0.3  # at once, not after the idle wait (0.4 s)
     gaps = [b - a for a, b in zip(times, times[1:idle_passes], strict=False)]
     assert len(gaps) < 2 or gaps[0] < gaps[-1]
 
