@@ -47,10 +47,13 @@ engines_gpu.VARIANTS.update({
     "v1": "",  # the V1 model runner (VARIANT_ENV): the default on 0.26 until session 20
     "v2-api3-cores3": "--engines-per-gpu 3 --api-processes 3",
     "v2-api4-cores4": "--engines-per-gpu 4 --api-processes 4",
+    "mps-api3-cores3": "--engines-per-gpu 3 --api-processes 3",  # under CUDA MPS (the sitting starts the daemon)
 })
 # Variants that differ by the server's environment: "v2..." forces vLLM 0.26's V2 model runner, "v1" its V1 runner
 # (since session 20 hyocr leaves 0.26 its own choice, V2; vision.py gives HunYuanVL's forward the defaults V2 needs).
-VARIANT_ENV = {"v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
+# "mps..." runs the cores as clients of an MPS daemon the sitting started (kernels of several cores at once).
+VARIANT_ENV = {"v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+               "mps": {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps-pipe", "CUDA_MPS_LOG_DIRECTORY": "/tmp/mps-log"}}
 CARD_LEVELS = [int(c) for c in os.environ.get("CARD_LEVELS", "1,32,64,128,192").split(",") if c]
 A4_LEVELS = [int(c) for c in os.environ.get("A4_LEVELS", "64,128").split(",") if c]
 PER_STREAM = {"card": 4, "a4": 2}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -27,13 +28,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
-    """Until ``url``'s /ready answers 200; fails with the process's output if it exits first."""
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120, log: pathlib.Path | None = None) -> None:
+    """Until ``url``'s /ready answers 200; fails with the process's output (its pipe, or the end of ``log``
+    where its output goes to a file) if it exits first."""
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
             out = proc.stdout or proc.stderr
-            raise AssertionError(out.read() if out is not None else f"the server exited with {proc.returncode}")
+            if out is not None:
+                raise AssertionError(out.read())
+            tail = log.read_text(errors="replace")[-6000:] if log is not None and log.exists() else ""
+            raise AssertionError(f"the server exited with {proc.returncode}\n{tail}")
         # A slow answer is not an answer yet: a 2-core machine starting an engine may hold one up for seconds.
         with contextlib.suppress(requests.ConnectionError, requests.Timeout):
             if requests.get(f"{url}/ready", timeout=5).status_code == 200:

@@ -63,7 +63,7 @@ def server(tiny_checkpoint, vllm_cpu_environment, tmp_path):
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                             start_new_session=True)
     try:
-        wait_ready(proc, url, timeout=600)
+        wait_ready(proc, url, timeout=600, log=tmp_path / "server.log")
         yield proc, url
     finally:
         if proc.poll() is None:
@@ -134,7 +134,7 @@ def test_api_processes_each_own_their_cores(tiny_checkpoint, vllm_cpu_environmen
     try:
         # /ready answers from whichever process the connection reaches (each lists its own core); the summed
         # gauge on /metrics says when both processes have their core up
-        wait_ready(proc, url, timeout=600)
+        wait_ready(proc, url, timeout=600, log=tmp_path / "server.log")
         deadline = time.monotonic() + 300
         while _gauge(url, 'hyocr_engine_replicas{state="up"}') != 2.0:
             assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
