@@ -20,17 +20,13 @@ note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 
 # Order (session 22; session 21's results were lost with its machine): one core first on a clean machine (the c=1
 # target: session 21 saw 0.48 s there after `vllm serve`, session 20 0.31 s), three cores (session 21's best, 46.9/s
-# at c=256), the official `vllm serve` at the same levels, then four cores and `--api-server-count 4` as time allows.
+# at c=256; A4 on three cores was measured in session 17), the same three under CUDA MPS, the official
+# `vllm serve` at the same levels, then four cores and `--api-server-count 4` as time allows.
 note "one core (V2)"
 CARD_LEVELS=1,64 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
 
 note "three cores, three API processes (V2)"
-CARD_LEVELS=64,192,256 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api3-cores3"
-
-note "vllm serve (official flags)"
-[ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
-PYTHONPATH="$PYTHONPATH:/tmp/serve-site" CARD_LEVELS=1,64,192,256 A4_LEVELS=64 \
-  python3 benchmarks/cores_gpu.py "$out" vllm-serve
+CARD_LEVELS=64,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api3-cores3"
 
 note "three cores under CUDA MPS (kernels of the three cores at once instead of time slices), if the daemon starts"
 if command -v nvidia-cuda-mps-control >/dev/null; then
@@ -40,6 +36,11 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
     echo quit | CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe nvidia-cuda-mps-control; sleep 3
   else note "MPS daemon did not start"; fi
 else note "no nvidia-cuda-mps-control on this machine"; fi
+
+note "vllm serve (official flags)"
+[ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
+PYTHONPATH="$PYTHONPATH:/tmp/serve-site" CARD_LEVELS=1,64,192,256 A4_LEVELS=64 \
+  python3 benchmarks/cores_gpu.py "$out" vllm-serve
 
 note "four cores, four API processes (V2)"
 CARD_LEVELS=192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api4-cores4"
