@@ -48,6 +48,8 @@ engines_gpu.VARIANTS.update({
     "v2-api3-cores3": "--engines-per-gpu 3 --api-processes 3",
     "v2-api4-cores4": "--engines-per-gpu 4 --api-processes 4",
     "mps-api3-cores3": "--engines-per-gpu 3 --api-processes 3",  # under CUDA MPS (the sitting starts the daemon)
+    # FP8 KV cache (FA3 on Hopper): a card's decode step at ~64 sequences a core reads ~4.7 GB of bf16 KV
+    "fp8kv-api3-cores3": '--engines-per-gpu 3 --api-processes 3 --vllm-args {"kv_cache_dtype":"fp8"}',
 })
 # Variants that differ by the server's environment: "v2..." forces vLLM 0.26's V2 model runner, "v1" its V1 runner
 # (since session 20 hyocr leaves 0.26 its own choice, V2; vision.py gives HunYuanVL's forward the defaults V2 needs).
@@ -85,6 +87,15 @@ def title(pid: int) -> str:
         return "gone"
 
 
+def compute_apps() -> list[str]:
+    """nvidia-smi's processes with a CUDA context on the GPU ("pid, MiB"); [] without nvidia-smi."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=30).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
 def role(pid: int) -> str:
     try:
         name = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -94,7 +105,8 @@ def role(pid: int) -> str:
     if "EngineCor" in name:
         return "core"
     # An API process of `--api-processes N` with `--engines-per-gpu` is the parent of its cores, and maps the GPU's
-    # device files too once it has served (session 22: from the second level on it was counted as a core)
+    # device files too once /metrics has read GPU memory through NVML (session 22: counted as a core from the
+    # second level on)
     starts_cores = any("resource_tracker" not in title(kid) for kid in children(pid))
     if uses_gpu(pid) and not ("spawn_main" in name and starts_cores):  # a spawned core keeps "spawn_main" where
         return "core"                                                    # its title is not set
@@ -262,6 +274,7 @@ def run(target: str, out: Path) -> None:
             result["levels"][workload] = [bench(url, target, workload, c, out, proc.pid) for c in levels]
             (out / f"{engines_gpu.safe(target)}.levels.json").write_text(json.dumps(result, indent=1))
         result["preemptions"] = engines_gpu.preemptions(url)
+        result["compute_apps"] = compute_apps()  # which processes hold a CUDA context, and its memory
         if target.startswith("hyocr") and os.environ.get("CAPABILITIES"):
             result["capabilities"] = capabilities(url)
     finally:
