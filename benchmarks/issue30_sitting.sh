@@ -9,7 +9,10 @@
 #   run 3.., no carry:                  sleep 560; cat /tmp/s23/sitting.txt; tar czf $OUT/s23.tgz -C /tmp s23 s23.log
 # (the tar in every call: a sitting cut short still brings back what it measured). Every target through benchmarks/cores_gpu.py (one
 # bench call per level, GPU busy and each process's CPU recorded), HunyuanOCR 1.0 architecture, random weights.
-# C3 (default .stage/c3) holds the wheels vllm serve needs beyond the bundle (DEVICE.md).
+# C3 (default .stage/c3) holds the wheels vllm serve needs beyond the bundle (DEVICE.md), plus httptools (cp312),
+# which with uvloop is what `pip install hyocr` brings through uvicorn[standard]: `pip download --no-deps
+# --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_17_x86_64 -d
+# .stage/c3 uvloop httptools ...`.
 set -uo pipefail
 out=${1:?output directory}
 mkdir -p "$out"
@@ -22,6 +25,10 @@ note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 # next lever first, three cores with an FP8 KV cache (NOTES entry 26's "what 60 cards/s would take"), three cores as
 # they are beside it, the official `vllm serve` at the same levels and at c=1, then one core (c=1 and A4). Each
 # hyocr run records which processes hold a CUDA context (compute_apps: do the API processes?).
+# C3's uvloop and httptools are what hyocr's uvicorn[standard] installs for a user: every target runs with them
+# (sessions 13-22 ran hyocr on asyncio's loop and h11, the bundle having neither)
+[ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
+export PYTHONPATH="$PYTHONPATH:/tmp/serve-site"
 note "three cores, three API processes, FP8 KV cache"
 CARD_LEVELS=192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+fp8kv-api3-cores3"
 grep -i -m3 "fp8\|kv_cache_dtype" "$out"/hyocr-vllm--fp8kv-api3-cores3.server.log | tee -a "$out/sitting.txt"
@@ -30,9 +37,7 @@ note "three cores, three API processes"
 CARD_LEVELS=192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api3-cores3"
 
 note "vllm serve (official flags)"
-[ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
-PYTHONPATH="$PYTHONPATH:/tmp/serve-site" CARD_LEVELS=1,192,256 LEVELS_ONLY=card \
-  python3 benchmarks/cores_gpu.py "$out" vllm-serve
+CARD_LEVELS=1,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve
 
 note "one core"
 CARD_LEVELS=1 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
