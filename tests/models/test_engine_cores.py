@@ -139,6 +139,7 @@ def test_api_processes_each_own_their_cores(tiny_checkpoint, vllm_cpu_environmen
         while _gauge(url, 'hyocr_engine_replicas{state="up"}') != 2.0:
             assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
             time.sleep(1)
+        assert "SO_REUSEPORT group" in (tmp_path / "server.log").read_text()  # a socket each (server/shares.py)
         own = httpx.get(url + "/ready", timeout=10).json()["replicas"]
         assert len(own) == 1 and own[0]["id"] in ("0", "1")  # a process shows the core it owns
         with concurrent.futures.ThreadPoolExecutor(8) as pool:

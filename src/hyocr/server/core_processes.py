@@ -1,11 +1,14 @@
-"""``API_PROCESSES=K`` with ``ENGINES_PER_GPU``: K hyocr server processes on one socket, each owning every
-K-th of the server's engine cores (engines/vllm/cores.py).
+"""``API_PROCESSES=K`` with ``ENGINES_PER_GPU``: K hyocr server processes on one port, each owning every
+K-th of the server's engine cores (engines/vllm/cores.py), each listening on its own socket of the port's
+SO_REUSEPORT group where the kernel has one (Linux; shares.py), else all on one shared socket.
 
 With one engine core (processes.py) the API processes share it through vLLM's multi-API-server machinery.
 Several cores of hyocr's own are not vLLM's to share, so each process runs a pool of its own cores: it
 balances its requests over them and restarts one that dies while its others serve. The price is that
 connections, which the kernel hands to the processes, decide which cores a request can reach: a busy
-process's cores are not lent to an idle one. What is shared, as in processes.py: admission limits are split
+process's cores are not lent to an idle one. Hence the group: on one shared socket the process woken first
+accepts a whole burst of new connections (twice another's share at 256 on an H100, session 22), while the
+group's hash keeps them within ~1.2x (benchmarks/accept_spread.py). What is shared, as in processes.py: admission limits are split
 between the processes, rate limits need a shared store, metrics are summed by prometheus_client's
 multiprocess mode (``hyocr_engine_replicas`` is then a sum over the processes' own cores).
 
@@ -23,7 +26,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from .shares import listen, process_settings
+from .shares import listen, listen_in_group, process_settings, reserve_port, spread_by_kernel
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -39,13 +42,18 @@ def serve(settings: Settings) -> int:
     count = settings.api_processes
     os.environ[OWN_CORES_ENV] = "1"
     compat.setup_multiprocess_metrics()  # before the processes start: they inherit the directory
-    sock = listen(settings)
+    # A socket each where the kernel spreads connections over them (shares.py), else one shared socket
+    guard = reserve_port(settings) if spread_by_kernel() else None
+    own_sockets = guard is not None
+    sock = guard if own_sockets else listen(settings)
+    log.info("the API processes listen %s", "each on its own socket of the port's SO_REUSEPORT group (the kernel "
+             "spreads connections)" if own_sockets else "on one shared socket")
     cores = core_count(settings)
     log.info("starting %d hyocr API processes on %s:%d, each owning %s of %d engine cores", count, settings.host,
              settings.port, "one" if count == cores else f"about {cores // count}", cores)
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=run_process, args=(settings, sock, index, count), name=f"hyocr-api-{index}")
-             for index in range(count)]
+    procs = [ctx.Process(target=run_process, args=(settings, None if own_sockets else sock, index, count),
+                         name=f"hyocr-api-{index}") for index in range(count)]
     stopping = {"now": False}
 
     def on_signal(*_: object) -> None:
@@ -75,7 +83,8 @@ def serve(settings: Settings) -> int:
 
 
 def run_process(settings: Settings, sock: Any, index: int, count: int) -> None:
-    """One API process (spawned): a whole hyocr server on the shared socket, on its share of the cores."""
+    """One API process (spawned): a whole hyocr server on the shared socket, or on its own in the port's
+    SO_REUSEPORT group (``sock`` None), on its share of the cores."""
     import uvicorn
 
     from ..api.app import build_app
@@ -84,6 +93,8 @@ def run_process(settings: Settings, sock: Any, index: int, count: int) -> None:
     from .uvicorn import Server, uvicorn_options
 
     setup_logging(settings.log_level, settings.log_format)
+    if sock is None:  # listening before the cores load: connections wait in its backlog meanwhile
+        sock = listen_in_group(settings)
     if settings.gil_switch_interval:
         sys.setswitchinterval(settings.gil_switch_interval)
     owned = range(index, core_count(settings), count)

@@ -1,14 +1,19 @@
 """What several API processes of one server divide between them (processes.py, core_processes.py): the
-admission limits, the separate metrics port, and the listening socket, which forked children must not keep."""
+admission limits, the separate metrics port, and the port: one listening socket, which forked children must
+not keep, or one socket a process in a SO_REUSEPORT group, where the kernel spreads the connections."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..config import Settings
+
+log = logging.getLogger(__name__)
 
 
 def share(total: int, index: int, count: int) -> int:
@@ -42,9 +47,78 @@ def listen(settings: Settings) -> socket.socket:
     connections wait in the backlog until the API processes accept them), closed in forked children."""
     from ..config import SettingsError
 
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     try:
-        sock = socket.create_server((settings.host, settings.port), family=family, backlog=4096)
+        sock = socket.create_server((settings.host, settings.port), family=_family(settings), backlog=4096)
+    except OSError as exc:
+        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
+    close_in_forks(sock)
+    return sock
+
+
+# ---------------------------------------------------------------- one socket a process (core_processes.py)
+# Where a connection decides which engine cores its requests reach (core_processes.py), the spread of the
+# connections is the spread of the load. On one shared socket the process woken first accepts every pending
+# connection (asyncio's and libuv's accept loops), so a client opening its pool at once loads one process
+# (and its cores) with up to several times another's share (H100, session 22: 2x at 256 connections, p99
+# 11 s). With a socket each in a SO_REUSEPORT group the kernel hashes each connection to one of them:
+# within ~1.2x at 256 connections, under 2x at 32-64 (benchmarks/accept_spread.py).
+
+
+def spread_by_kernel() -> bool:
+    """Linux's SO_REUSEPORT balances connections over the group's sockets (elsewhere it may not)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def _family(settings: Settings) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+
+
+def _bound(settings: Settings, *, reuse_address: bool, reuse_port: bool) -> socket.socket:
+    """A socket bound to the server's address (not listening), IPv6 only where the host is, as create_server."""
+    sock = socket.socket(_family(settings))
+    try:
+        if reuse_address:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if sock.family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((settings.host, settings.port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def reserve_port(settings: Settings) -> socket.socket | None:
+    """Hold the server's port for its API processes' SO_REUSEPORT group: fail at once if anything listens on it,
+    then keep a bound, never listening member of the group for the server's life (it gets no connections), so
+    that a second hyocr on the port is refused (its plain bind meets this member) instead of joining. None where
+    the member cannot bind (the port's TIME_WAIT connections of a server that ran without SO_REUSEPORT, for up
+    to a minute): the caller then shares one socket, as before."""
+    from ..config import SettingsError
+
+    try:  # refused by a listener, or by another group's member
+        _bound(settings, reuse_address=True, reuse_port=False).close()
+    except OSError as exc:
+        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
+    try:  # without SO_REUSEADDR: with it, a probe like the one above would bind beside this unlistening member
+        guard = _bound(settings, reuse_address=False, reuse_port=True)
+    except OSError as exc:
+        log.warning("port %s:%d: no SO_REUSEPORT group (%s); the API processes share one socket",
+                    settings.host, settings.port, exc.strerror)
+        return None
+    close_in_forks(guard)
+    return guard
+
+
+def listen_in_group(settings: Settings) -> socket.socket:
+    """This API process's own listening socket in the port's SO_REUSEPORT group (reserve_port's)."""
+    from ..config import SettingsError
+
+    try:
+        sock = socket.create_server((settings.host, settings.port), family=_family(settings), backlog=4096,
+                                    reuse_port=True)
     except OSError as exc:
         raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
     close_in_forks(sock)

@@ -1,0 +1,101 @@
+"""The port of `--api-processes K --engines-per-gpu N` (server/shares.py, core_processes.py): a socket each in a
+SO_REUSEPORT group, so that the kernel spreads connections over the processes, while the port stays the server's
+own (a listener on it, or a second hyocr, is refused). Real sockets and real TCP connections on loopback."""
+
+from __future__ import annotations
+
+import collections
+import socket
+import sys
+import threading
+
+import pytest
+
+from hyocr.config import SettingsError, load_settings
+from hyocr.server.shares import listen, listen_in_group, reserve_port, spread_by_kernel
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT balancing is Linux's")
+
+
+def _settings(port: int):
+    return load_settings(host="127.0.0.1", port=port)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_kernel_spreads_connections_over_the_groups_sockets_and_the_guard_gets_none():
+    assert spread_by_kernel()
+    settings = _settings(_free_port())
+    guard = reserve_port(settings)
+    assert guard is not None
+    members = [listen_in_group(settings) for _ in range(3)]
+    accepted: collections.Counter[int] = collections.Counter()
+    lock = threading.Lock()
+
+    def accept(index: int, sock: socket.socket) -> None:
+        sock.settimeout(0.5)
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except TimeoutError:
+                return
+            except OSError:
+                return
+            with lock:
+                accepted[index] += 1
+            conn.close()
+
+    threads = [threading.Thread(target=accept, args=(i, s)) for i, s in enumerate(members)]
+    for thread in threads:
+        thread.start()
+    clients = [socket.create_connection(("127.0.0.1", settings.port), timeout=5) for _ in range(150)]  # at once
+    for thread in threads:
+        thread.join(timeout=30)
+    for sock in [*clients, *members, guard]:
+        sock.close()
+    # Every connection reached a listening member (none waits on the guard, which never listens), and each
+    # member took a share: the kernel hashes connections, ~50 each (one shared socket gave one process most
+    # of a burst: benchmarks/accept_spread.py)
+    assert sum(accepted.values()) == 150
+    assert min(accepted[i] for i in range(3)) >= 20, accepted
+
+
+def test_the_port_is_refused_where_anything_listens_on_it_or_another_hyocr_holds_it():
+    port = _free_port()
+    with socket.create_server(("127.0.0.1", port)):  # another program's listener
+        with pytest.raises(SettingsError, match=f"cannot listen on 127.0.0.1:{port}"):
+            reserve_port(_settings(port))
+    guard = reserve_port(_settings(port))  # free again: hyocr's
+    member = listen_in_group(_settings(port))
+    try:
+        with pytest.raises(SettingsError, match="cannot listen"):  # a second hyocr with API processes
+            reserve_port(_settings(port))
+        with pytest.raises(SettingsError, match="cannot listen"):  # a second hyocr in one process
+            listen(_settings(port))
+    finally:
+        member.close()
+        guard.close()
+    guard = reserve_port(_settings(port))  # before the processes listen the guard holds the port alone
+    try:
+        with pytest.raises(SettingsError, match="cannot listen"):
+            reserve_port(_settings(port))
+    finally:
+        guard.close()
+
+
+def test_a_port_held_by_sockets_outside_any_group_falls_back_to_one_shared_socket():
+    # What a server that ran without SO_REUSEPORT leaves for a minute: its connections in TIME_WAIT, bound with
+    # SO_REUSEADDR and not listening. A plain bind passes them, the group's member does not: no group (None), and
+    # core_processes.py shares one listening socket as before.
+    port = _free_port()
+    with socket.socket() as lingering:
+        lingering.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        lingering.bind(("127.0.0.1", port))
+        assert reserve_port(_settings(port)) is None
+        shared = listen(_settings(port))
+        shared.close()
+
