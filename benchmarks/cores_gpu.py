@@ -49,13 +49,15 @@ engines_gpu.VARIANTS.update({
     "v2-api4-cores4": "--engines-per-gpu 4 --api-processes 4",
     "mps-api3-cores3": "--engines-per-gpu 3 --api-processes 3",  # under CUDA MPS (the sitting starts the daemon)
     # FP8 KV cache (FA3 on Hopper): a card's decode step at ~64 sequences a core reads ~4.7 GB of bf16 KV
+    "shared-api3-cores3": "--engines-per-gpu 3 --api-processes 3",  # one shared socket (HYOCR_SHARED_SOCKET)
     "fp8kv-api3-cores3": '--engines-per-gpu 3 --api-processes 3 --vllm-args {"kv_cache_dtype":"fp8"}',
 })
 # Variants that differ by the server's environment: "v2..." forces vLLM 0.26's V2 model runner, "v1" its V1 runner
 # (since session 20 hyocr leaves 0.26 its own choice, V2; vision.py gives HunYuanVL's forward the defaults V2 needs).
 # "mps..." runs the cores as clients of an MPS daemon the sitting started (kernels of several cores at once).
 VARIANT_ENV = {"v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
-               "mps": {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps-pipe", "CUDA_MPS_LOG_DIRECTORY": "/tmp/mps-log"}}
+               "mps": {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps-pipe", "CUDA_MPS_LOG_DIRECTORY": "/tmp/mps-log"},
+               "shared": {"HYOCR_SHARED_SOCKET": "1"}}
 CARD_LEVELS = [int(c) for c in os.environ.get("CARD_LEVELS", "1,32,64,128,192").split(",") if c]
 A4_LEVELS = [int(c) for c in os.environ.get("A4_LEVELS", "64,128").split(",") if c]
 PER_STREAM = {"card": 4, "a4": 2}

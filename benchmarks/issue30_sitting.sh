@@ -23,8 +23,8 @@ note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 
 # Order (session 23; session 22 ran one, three and four cores, MPS and both `vllm serve`s: docs/benchmarks.md): the
 # next lever first, three cores with an FP8 KV cache (NOTES entry 26's "what 60 cards/s would take"), three cores as
-# they are beside it, the official `vllm serve` at the same levels and at c=1, then one core (c=1 and A4). Each
-# hyocr run records which processes hold a CUDA context (compute_apps: do the API processes?).
+# they are beside it and on one shared socket at c=256 (NOTES entry 27's measure), the official `vllm serve` at the
+# same levels and at c=1, then one core (c=1 and A4). Each hyocr run records which processes hold a CUDA context.
 # C3's uvloop and httptools are what hyocr's uvicorn[standard] installs for a user: every target runs with them
 # (sessions 13-22 ran hyocr on asyncio's loop and h11, the bundle having neither)
 [ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
@@ -33,8 +33,11 @@ note "three cores, three API processes, FP8 KV cache"
 CARD_LEVELS=192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+fp8kv-api3-cores3"
 grep -i -m3 "fp8\|kv_cache_dtype" "$out"/hyocr-vllm--fp8kv-api3-cores3.server.log | tee -a "$out/sitting.txt"
 
-note "three cores, three API processes"
+note "three cores, three API processes (a socket each in a SO_REUSEPORT group, the default since session 22)"
 CARD_LEVELS=192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api3-cores3"
+
+note "three cores, three API processes on one shared socket (as in session 22)"
+CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+shared-api3-cores3"
 
 note "vllm serve (official flags)"
 CARD_LEVELS=1,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve

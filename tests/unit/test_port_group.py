@@ -99,3 +99,8 @@ def test_a_port_held_by_sockets_outside_any_group_falls_back_to_one_shared_socke
         shared = listen(_settings(port))
         shared.close()
 
+
+
+def test_the_benchmark_hook_brings_the_shared_socket_back(monkeypatch):
+    monkeypatch.setenv("HYOCR_SHARED_SOCKET", "1")
+    assert not spread_by_kernel()

@@ -64,9 +64,13 @@ def listen(settings: Settings) -> socket.socket:
 # within ~1.2x at 256 connections, under 2x at 32-64 (benchmarks/accept_spread.py).
 
 
+SHARED_SOCKET_ENV = "HYOCR_SHARED_SOCKET"  # "1": one shared socket anyway (a benchmark hook, README)
+
+
 def spread_by_kernel() -> bool:
     """Linux's SO_REUSEPORT balances connections over the group's sockets (elsewhere it may not)."""
-    return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+    return (sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+            and os.environ.get(SHARED_SOCKET_ENV) != "1")
 
 
 def _family(settings: Settings) -> socket.AddressFamily:
