@@ -7,13 +7,14 @@ a conditional UPDATE (one winner), and a page is stored under a unique (job, pos
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import and_, delete, event, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -24,6 +25,11 @@ from . import codec, paging
 from .schema import deliveries, inputs, jobs, metadata, pages, ranges, upgrade
 
 ACTIVE = ("queued", "running")
+# Several API processes (or replicas) open one database at the same moment: the loser of the race to create a
+# table sees "already exists" (SQLite, PostgreSQL) or a duplicate catalog row (PostgreSQL), and tries again,
+# when the winner's tables are there to be seen.
+SCHEMA_ATTEMPTS = 5
+_RACED = ("already exists", "duplicate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +114,23 @@ class JobStore:
             path = self.url.split(":///", 1)[1].split("?", 1)[0]  # the file, without the URL's query
             if path and path != ":memory:":
                 _private_sqlite(Path(path))
-        try:
-            async with self.engine.begin() as db:
-                await db.run_sync(metadata.create_all)
-                await db.run_sync(upgrade)
-        except (OSError, SQLAlchemyError) as exc:
-            where = self.engine.url.render_as_string(hide_password=True)
-            raise RuntimeError(f"the jobs database {where} cannot be opened: {type(exc).__name__}: {exc}") from None
+        for attempt in range(1, SCHEMA_ATTEMPTS + 1):
+            try:
+                async with self.engine.begin() as db:
+                    await db.run_sync(metadata.create_all)
+                    await db.run_sync(upgrade)
+                return
+            except SQLAlchemyError as exc:
+                if attempt < SCHEMA_ATTEMPTS and any(word in str(exc).lower() for word in _RACED):
+                    await asyncio.sleep(0.1 * attempt)  # another process is creating the same tables
+                    continue
+                self._unopenable(exc)
+            except OSError as exc:
+                self._unopenable(exc)
+
+    def _unopenable(self, exc: BaseException) -> NoReturn:
+        where = self.engine.url.render_as_string(hide_password=True)
+        raise RuntimeError(f"the jobs database {where} cannot be opened: {type(exc).__name__}: {exc}") from None
 
     async def close(self) -> None:
         await self.engine.dispose()
