@@ -104,3 +104,16 @@ def test_a_port_held_by_sockets_outside_any_group_falls_back_to_one_shared_socke
 def test_the_benchmark_hook_brings_the_shared_socket_back(monkeypatch):
     monkeypatch.setenv("HYOCR_SHARED_SOCKET", "1")
     assert not spread_by_kernel()
+
+
+def test_a_restart_forms_the_group_again_despite_the_last_runs_time_wait_connections():
+    settings = _settings(_free_port())
+    guard, member = reserve_port(settings), listen_in_group(settings)
+    clients = [socket.create_connection(("127.0.0.1", settings.port), timeout=5) for _ in range(5)]
+    for conn in [member.accept()[0] for _ in clients]:
+        conn.close()  # the server closes first, as at a keep-alive timeout: TIME_WAIT on the server's side
+    for sock in [*clients, member, guard]:
+        sock.close()
+    again = reserve_port(settings)  # the group's own TIME_WAIT connections share SO_REUSEPORT with it
+    assert again is not None
+    again.close()
