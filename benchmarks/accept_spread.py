@@ -1,5 +1,5 @@
 """How K API processes share a burst of new connections: one shared listening socket (server/shares.py listen)
-against a socket each in a SO_REUSEPORT group (reserve_port + listen_in_group, what core_processes.py uses).
+against a socket each in a SO_REUSEPORT group (reserve_port + join_group, what core_processes.py uses).
 
 Each process runs uvicorn on hyocr's own socket code with a tiny app that answers its pid after 50 ms (an OCR
 request's HTTP side, not its engine: the engine is not what decides which process accepts); the client opens
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from hyocr.config import load_settings  # noqa: E402
-from hyocr.server.shares import listen, listen_in_group, reserve_port  # noqa: E402
+from hyocr.server.shares import join_group, listen, reserve_port  # noqa: E402
 
 
 async def app(scope, receive, send) -> None:  # noqa: ANN001
@@ -38,7 +38,7 @@ def serve(sock: socket.socket | None, port: int, loop: str) -> None:
     import uvicorn
 
     if sock is None:
-        sock = listen_in_group(load_settings(host="127.0.0.1", port=port))
+        sock = join_group(load_settings(host="127.0.0.1", port=port))  # uvicorn listens on it
     uvicorn.Server(uvicorn.Config(app, loop=loop, log_level="warning")).run(sockets=[sock])
 
 
@@ -60,6 +60,12 @@ async def burst(port: int, connections: int) -> list[int]:
     return sorted(counts.values(), reverse=True)
 
 
+def listening(port: int) -> int:
+    """Sockets in LISTEN on ``port`` (/proc/net/tcp)."""
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[3] == "0A" and int(line.split()[1].rsplit(":", 1)[1], 16) == port)
+
+
 def measure(mode: str, processes: int, connections: int, runs: int, loop: str) -> list[list[int]]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -71,7 +77,13 @@ def measure(mode: str, processes: int, connections: int, runs: int, loop: str) -
     procs = [ctx.Process(target=serve, args=(shared, port, loop)) for _ in range(processes)]
     for proc in procs:
         proc.start()
-    time.sleep(3 + processes)  # every process listening
+    if mode == "group":  # each process listens once its uvicorn serves
+        deadline = time.monotonic() + 60
+        while listening(port) < processes:
+            assert time.monotonic() < deadline, "the processes did not start listening"
+            time.sleep(0.2)
+    else:  # one socket listens from the start: time for every process to start accepting on it
+        time.sleep(3 + processes)
     try:
         return [asyncio.run(burst(port, connections)) for _ in range(runs)]
     finally:

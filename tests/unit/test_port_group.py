@@ -5,14 +5,16 @@ own (a listener on it, or a second hyocr, is refused). Real sockets and real TCP
 from __future__ import annotations
 
 import collections
+import os
 import socket
+import subprocess
 import sys
 import threading
 
 import pytest
 
 from hyocr.config import SettingsError, load_settings
-from hyocr.server.shares import listen, listen_in_group, reserve_port, spread_by_kernel
+from hyocr.server.shares import PortGroup, foreign_listeners, join_group, listen, reserve_port, spread_by_kernel
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT balancing is Linux's")
 
@@ -27,12 +29,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_the_kernel_spreads_connections_over_the_groups_sockets_and_the_guard_gets_none():
+def _listening_member(settings) -> socket.socket:
+    sock = join_group(settings)
+    sock.listen(64)  # what uvicorn does once the process serves
+    return sock
+
+
+def test_the_kernel_spreads_connections_over_the_groups_sockets_and_the_guard_gets_none(monkeypatch):
+    monkeypatch.delenv("HYOCR_SHARED_SOCKET", raising=False)
     assert spread_by_kernel()
     settings = _settings(_free_port())
-    guard = reserve_port(settings)
-    assert guard is not None
-    members = [listen_in_group(settings) for _ in range(3)]
+    group = reserve_port(settings)
+    assert isinstance(group, PortGroup)
+    members = [_listening_member(settings) for _ in range(3)]
     accepted: collections.Counter[int] = collections.Counter()
     lock = threading.Lock()
 
@@ -41,9 +50,7 @@ def test_the_kernel_spreads_connections_over_the_groups_sockets_and_the_guard_ge
         while True:
             try:
                 conn, _ = sock.accept()
-            except TimeoutError:
-                return
-            except OSError:
+            except OSError:  # the timeout included: no more connections
                 return
             with lock:
                 accepted[index] += 1
@@ -55,8 +62,9 @@ def test_the_kernel_spreads_connections_over_the_groups_sockets_and_the_guard_ge
     clients = [socket.create_connection(("127.0.0.1", settings.port), timeout=5) for _ in range(150)]  # at once
     for thread in threads:
         thread.join(timeout=30)
-    for sock in [*clients, *members, guard]:
+    for sock in [*clients, *members]:
         sock.close()
+    group.close()
     # Every connection reached a listening member (none waits on the guard, which never listens), and each
     # member took a share: the kernel hashes connections, ~50 each (one shared socket gave one process most
     # of a burst: benchmarks/accept_spread.py)
@@ -64,33 +72,47 @@ def test_the_kernel_spreads_connections_over_the_groups_sockets_and_the_guard_ge
     assert min(accepted[i] for i in range(3)) >= 20, accepted
 
 
+def test_a_process_still_loading_takes_no_connections():
+    # Its socket is in the group but not listening until uvicorn serves: a connection is refused (as the single
+    # process server refuses while its model loads), not left in the backlog of a process minutes from ready.
+    settings = _settings(_free_port())
+    group, loading = reserve_port(settings), join_group(settings)
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", settings.port), timeout=5)
+        ready = _listening_member(settings)
+        socket.create_connection(("127.0.0.1", settings.port), timeout=5).close()  # the ready one answers
+        ready.close()
+    finally:
+        loading.close()
+        group.close()
+
+
 def test_the_port_is_refused_where_anything_listens_on_it_or_another_hyocr_holds_it():
     port = _free_port()
     with socket.create_server(("127.0.0.1", port)):  # another program's listener
         with pytest.raises(SettingsError, match=f"cannot listen on 127.0.0.1:{port}"):
             reserve_port(_settings(port))
-    guard = reserve_port(_settings(port))  # free again: hyocr's
-    member = listen_in_group(_settings(port))
+    group = reserve_port(_settings(port))  # free again: hyocr's
     try:
-        with pytest.raises(SettingsError, match="cannot listen"):  # a second hyocr with API processes
+        # a second hyocr with API processes, before and after the first one's processes listen
+        with pytest.raises(SettingsError, match="another hyocr server holds it"):
+            reserve_port(_settings(port))
+        member = _listening_member(_settings(port))
+        with pytest.raises(SettingsError, match="cannot listen"):
             reserve_port(_settings(port))
         with pytest.raises(SettingsError, match="cannot listen"):  # a second hyocr in one process
             listen(_settings(port))
-    finally:
         member.close()
-        guard.close()
-    guard = reserve_port(_settings(port))  # before the processes listen the guard holds the port alone
-    try:
-        with pytest.raises(SettingsError, match="cannot listen"):
-            reserve_port(_settings(port))
     finally:
-        guard.close()
+        group.close()
+    reserve_port(_settings(port)).close()  # closed: the port is free for the next server
 
 
 def test_a_port_held_by_sockets_outside_any_group_falls_back_to_one_shared_socket():
     # What a server that ran without SO_REUSEPORT leaves for a minute: its connections in TIME_WAIT, bound with
-    # SO_REUSEADDR and not listening. A plain bind passes them, the group's member does not: no group (None), and
-    # core_processes.py shares one listening socket as before.
+    # SO_REUSEADDR and not listening. A plain bind passes them, the group's member does not: no group (None, the
+    # lock released), and core_processes.py shares one listening socket as before.
     port = _free_port()
     with socket.socket() as lingering:
         lingering.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -98,7 +120,7 @@ def test_a_port_held_by_sockets_outside_any_group_falls_back_to_one_shared_socke
         assert reserve_port(_settings(port)) is None
         shared = listen(_settings(port))
         shared.close()
-
+    reserve_port(_settings(port)).close()
 
 
 def test_the_benchmark_hook_brings_the_shared_socket_back(monkeypatch):
@@ -108,12 +130,36 @@ def test_the_benchmark_hook_brings_the_shared_socket_back(monkeypatch):
 
 def test_a_restart_forms_the_group_again_despite_the_last_runs_time_wait_connections():
     settings = _settings(_free_port())
-    guard, member = reserve_port(settings), listen_in_group(settings)
+    group, member = reserve_port(settings), _listening_member(settings)
     clients = [socket.create_connection(("127.0.0.1", settings.port), timeout=5) for _ in range(5)]
     for conn in [member.accept()[0] for _ in clients]:
         conn.close()  # the server closes first, as at a keep-alive timeout: TIME_WAIT on the server's side
-    for sock in [*clients, member, guard]:
+    for sock in [*clients, member]:
         sock.close()
+    group.close()
     again = reserve_port(settings)  # the group's own TIME_WAIT connections share SO_REUSEPORT with it
     assert again is not None
     again.close()
+
+
+def test_another_programs_socket_in_the_group_is_told_apart_from_the_servers_own():
+    settings = _settings(_free_port())
+    group, member = reserve_port(settings), _listening_member(settings)
+    intruder = None
+    try:
+        assert foreign_listeners(settings.port, [os.getpid()]) == []  # this process holds the group's member
+        # another program of the same user binding the port with SO_REUSEPORT (nginx's reuseport, several vllm
+        # serve API servers) joins the group: the parent names its socket (core_processes.py logs an error)
+        intruder = subprocess.Popen(
+            [sys.executable, "-c", "import socket, sys, time\n"
+             f"s = socket.create_server(('127.0.0.1', {settings.port}), reuse_port=True)\n"
+             "print('listening', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+        assert intruder.stdout.readline().strip() == "listening"
+        assert len(foreign_listeners(settings.port, [os.getpid()])) == 1
+        assert foreign_listeners(settings.port, [os.getpid(), intruder.pid]) == []
+    finally:
+        if intruder is not None:
+            intruder.kill()
+            intruder.wait()
+        member.close()
+        group.close()

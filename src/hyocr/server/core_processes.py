@@ -8,7 +8,8 @@ balances its requests over them and restarts one that dies while its others serv
 connections, which the kernel hands to the processes, decide which cores a request can reach: a busy
 process's cores are not lent to an idle one. Hence the group: on one shared socket the process woken first
 accepts a whole burst of new connections (twice another's share at 256 on an H100, session 22), while the
-group's hash keeps them within ~1.2x (benchmarks/accept_spread.py). What is shared, as in processes.py: admission limits are split
+group's hash keeps them within ~1.2x (benchmarks/accept_spread.py). A process's socket listens once its cores
+are up; the parent holds the port (shares.PortGroup) and looks for another program's socket in the group. What is shared, as in processes.py: admission limits are split
 between the processes, rate limits need a shared store, metrics are summed by prometheus_client's
 multiprocess mode (``hyocr_engine_replicas`` is then a sum over the processes' own cores).
 
@@ -26,13 +27,14 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from .shares import listen, listen_in_group, process_settings, reserve_port, spread_by_kernel
+from .shares import foreign_listeners, join_group, listen, process_settings, reserve_port, spread_by_kernel
 
 if TYPE_CHECKING:
     from ..config import Settings
 
 log = logging.getLogger(__name__)
 OWN_CORES_ENV = "HYOCR_OWN_CORES"  # set in each process: its replicas are its own (metrics sum them)
+FOREIGN_CHECK_S = 10.0  # how often the parent looks for another program's socket in the port's group
 
 
 def serve(settings: Settings) -> int:
@@ -66,12 +68,21 @@ def serve(settings: Settings) -> int:
         signal.signal(sig, on_signal)
     for proc in procs:
         proc.start()
+    next_check, intruders = time.monotonic() + FOREIGN_CHECK_S, []
     try:
         while any(proc.is_alive() for proc in procs):
             failed = [p for p in procs if p.exitcode not in (None, 0)]
             if failed and not stopping["now"]:
                 log.error("API process %s exited with %s: stopping the server", failed[0].name, failed[0].exitcode)
                 on_signal()
+            if own_sockets and time.monotonic() > next_check:
+                next_check = time.monotonic() + FOREIGN_CHECK_S
+                found = foreign_listeners(settings.port, [p.pid for p in procs if p.pid])
+                if found and found != intruders:
+                    log.error("another program listens on port %d in this server's SO_REUSEPORT group (socket "
+                              "inodes %s) and takes a share of its connections: stop it, or set another PORT",
+                              settings.port, found)
+                intruders = found
             time.sleep(0.2)
     finally:
         sock.close()
@@ -93,8 +104,8 @@ def run_process(settings: Settings, sock: Any, index: int, count: int) -> None:
     from .uvicorn import Server, uvicorn_options
 
     setup_logging(settings.log_level, settings.log_format)
-    if sock is None:  # listening before the cores load: connections wait in its backlog meanwhile
-        sock = listen_in_group(settings)
+    if sock is None:  # its own socket of the port's group; uvicorn listens once the cores are up
+        sock = join_group(settings)
     if settings.gil_switch_interval:
         sys.setswitchinterval(settings.gil_switch_interval)
     owned = range(index, core_count(settings), count)

@@ -4,10 +4,12 @@ not keep, or one socket a process in a SO_REUSEPORT group, where the kernel spre
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -94,36 +96,96 @@ def _bound(settings: Settings, *, reuse_address: bool, reuse_port: bool) -> sock
     return sock
 
 
-def reserve_port(settings: Settings) -> socket.socket | None:
-    """Hold the server's port for its API processes' SO_REUSEPORT group: fail at once if anything listens on it,
-    then keep a bound, never listening member of the group for the server's life (it gets no connections), so
-    that a second hyocr on the port is refused (its plain bind meets this member) instead of joining. None where
-    the member cannot bind (the port's TIME_WAIT connections of a server that ran without SO_REUSEPORT, for up
-    to a minute): the caller then shares one socket, as before."""
+class PortGroup:
+    """What the parent holds for its API processes' SO_REUSEPORT group on the server's port: a lock among hyocr
+    servers on that address (an abstract Unix socket, freed with the process), and a bound, never listening member
+    of the group (it gets no connections) that refuses a plain bind of the port."""
+
+    def __init__(self, lock: socket.socket, member: socket.socket) -> None:
+        self.lock, self.member = lock, member
+
+    def close(self) -> None:
+        self.member.close()
+        self.lock.close()
+
+
+def _port_lock(settings: Settings) -> socket.socket:
+    """One hyocr server at a time on host:port, even two started at the same instant (a plain bind alone would
+    let both pass before either joined the group)."""
     from ..config import SettingsError
 
-    try:  # refused by a listener, or by another group's member
-        _bound(settings, reuse_address=True, reuse_port=False).close()
-    except OSError as exc:
-        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
-    try:  # without SO_REUSEADDR: with it, a probe like the one above would bind beside this unlistening member
-        guard = _bound(settings, reuse_address=False, reuse_port=True)
-    except OSError as exc:
-        log.warning("port %s:%d: no SO_REUSEPORT group (%s); the API processes share one socket",
-                    settings.host, settings.port, exc.strerror)
-        return None
-    close_in_forks(guard)
-    return guard
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        lock.bind(f"\0hyocr-port:{settings.host}:{settings.port}")
+    except OSError:
+        lock.close()
+        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: another hyocr server holds it") from None
+    close_in_forks(lock)
+    return lock
 
 
-def listen_in_group(settings: Settings) -> socket.socket:
-    """This API process's own listening socket in the port's SO_REUSEPORT group (reserve_port's)."""
+def reserve_port(settings: Settings) -> PortGroup | None:
+    """Hold the server's port for its API processes' SO_REUSEPORT group: fail at once if another hyocr server or
+    anything listening has it, then keep a never listening member of the group for the server's life, which makes a
+    later plain bind of the port fail. None where that member cannot bind (the port's TIME_WAIT connections of a
+    server that ran without SO_REUSEPORT, for up to a minute): the caller then shares one socket, as before.
+    A program of the same user that binds the port with SO_REUSEPORT itself would join the group (as beside any
+    SO_REUSEPORT server): foreign_listeners() tells."""
+    from ..config import SettingsError
+
+    lock = _port_lock(settings)
+    try:
+        try:  # refused by a listener, or by another group's member
+            _bound(settings, reuse_address=True, reuse_port=False).close()
+        except OSError as exc:
+            raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
+        try:  # without SO_REUSEADDR: with it, a probe like the one above would bind beside this member
+            member = _bound(settings, reuse_address=False, reuse_port=True)
+        except OSError as exc:
+            log.warning("port %s:%d: no SO_REUSEPORT group (%s); the API processes share one socket",
+                        settings.host, settings.port, exc.strerror)
+            lock.close()
+            return None
+    except BaseException:
+        lock.close()
+        raise
+    close_in_forks(member)
+    return PortGroup(lock, member)
+
+
+def join_group(settings: Settings) -> socket.socket:
+    """This API process's own socket in the port's SO_REUSEPORT group, bound but not yet listening: uvicorn
+    listens once the process's cores are up, so that no connection waits in the backlog of a process still
+    loading (the single-process server is refused while it loads, too)."""
     from ..config import SettingsError
 
     try:
-        sock = socket.create_server((settings.host, settings.port), family=_family(settings), backlog=4096,
-                                    reuse_port=True)
+        sock = _bound(settings, reuse_address=True, reuse_port=True)
     except OSError as exc:
         raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
     close_in_forks(sock)
     return sock
+
+
+def foreign_listeners(port: int, pids: list[int]) -> list[int]:
+    """The socket inodes listening on TCP ``port`` (any address) that none of ``pids`` holds: another program in
+    the port's SO_REUSEPORT group, taking a share of the connections. Linux's /proc; [] where it cannot tell."""
+    listening: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                listening.add(int(fields[9]))
+    ours: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd.path)
+                    if target.startswith("socket:["):
+                        ours.add(int(target[8:-1]))
+    return sorted(listening - ours) if ours else []  # none of ours readable (or none listening yet): cannot tell
