@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 import uuid
@@ -24,6 +25,7 @@ from ..types import MediaInput, OcrCall, PageResult
 from . import codec, paging
 from .schema import deliveries, inputs, jobs, metadata, pages, ranges, upgrade
 
+log = logging.getLogger(__name__)
 ACTIVE = ("queued", "running")
 # Several API processes (or replicas) open one database at the same moment: the loser of the race to create a
 # table sees "already exists" (SQLite, PostgreSQL) or a duplicate catalog row (PostgreSQL), and tries again,
@@ -121,7 +123,10 @@ class JobStore:
                     await db.run_sync(upgrade)
                 return
             except SQLAlchemyError as exc:
-                if attempt < SCHEMA_ATTEMPTS and any(word in str(exc).lower() for word in _RACED):
+                cause = str(getattr(exc, "orig", exc))  # the driver's message, not the statement
+                if attempt < SCHEMA_ATTEMPTS and any(word in cause.lower() for word in _RACED):
+                    log.info("jobs database: another process created the same tables (%s); again",
+                             cause.splitlines()[0][:120] if cause else "")
                     await asyncio.sleep(0.1 * attempt)  # another process is creating the same tables
                     continue
                 self._unopenable(exc)

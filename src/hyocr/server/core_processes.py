@@ -9,11 +9,12 @@ connections, which the kernel hands to the processes, decide which cores a reque
 process's cores are not lent to an idle one. Hence the group: on one shared socket the process woken first
 accepts a whole burst of new connections (twice another's share at 256 on an H100, session 22), while the
 group's hash keeps them within ~1.2x (benchmarks/accept_spread.py). A process's socket listens once its cores
-are up; the parent holds the port (shares.PortGroup) and looks for another program's socket in the group. What is shared, as in processes.py: admission limits are split
-between the processes, rate limits need a shared store, metrics are summed by prometheus_client's
-multiprocess mode (``hyocr_engine_replicas`` is then a sum over the processes' own cores).
+are up; the parent holds the port (shares.PortGroup) and looks for another program's socket in the group.
+What is shared, as in processes.py: admission limits are split between the processes, rate limits need a
+shared store, metrics are summed by prometheus_client's multiprocess mode (``hyocr_engine_replicas`` is then a
+sum over the processes' own cores).
 
-The parent binds the port, starts the processes and waits; SIGTERM or SIGINT is passed on (each drains), and
+The parent holds the port, starts the processes and waits; SIGTERM or SIGINT is passed on (each drains), and
 a process that exits with an error stops the others (the orchestrator restarts the whole server).
 """
 

@@ -119,7 +119,8 @@ def _port_lock(settings: Settings) -> socket.socket:
         lock.bind(f"\0hyocr-port:{settings.host}:{settings.port}")
     except OSError:
         lock.close()
-        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: another hyocr server holds it") from None
+        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: another hyocr server holds it"
+                            ) from None
     close_in_forks(lock)
     return lock
 
