@@ -12,6 +12,7 @@ import sys
 import threading
 
 import pytest
+from servers import free_port
 
 from hyocr.config import SettingsError, load_settings
 from hyocr.server.shares import PortGroup, foreign_listeners, join_group, listen, reserve_port, spread_by_kernel
@@ -23,12 +24,6 @@ def _settings(port: int):
     return load_settings(host="127.0.0.1", port=port)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _listening_member(settings) -> socket.socket:
     sock = join_group(settings)
     sock.listen(64)  # what uvicorn does once the process serves
@@ -38,7 +33,7 @@ def _listening_member(settings) -> socket.socket:
 def test_the_kernel_spreads_connections_over_the_groups_sockets_and_the_guard_gets_none(monkeypatch):
     monkeypatch.delenv("HYOCR_SHARED_SOCKET", raising=False)
     assert spread_by_kernel()
-    settings = _settings(_free_port())
+    settings = _settings(free_port())
     group = reserve_port(settings)
     assert isinstance(group, PortGroup)
     members = [_listening_member(settings) for _ in range(3)]
@@ -75,7 +70,7 @@ def test_the_kernel_spreads_connections_over_the_groups_sockets_and_the_guard_ge
 def test_a_process_still_loading_takes_no_connections():
     # Its socket is in the group but not listening until uvicorn serves: a connection is refused (as the single
     # process server refuses while its model loads), not left in the backlog of a process minutes from ready.
-    settings = _settings(_free_port())
+    settings = _settings(free_port())
     group, loading = reserve_port(settings), join_group(settings)
     try:
         with pytest.raises(ConnectionRefusedError):
@@ -89,7 +84,7 @@ def test_a_process_still_loading_takes_no_connections():
 
 
 def test_the_port_is_refused_where_anything_listens_on_it_or_another_hyocr_holds_it():
-    port = _free_port()
+    port = free_port()
     with socket.create_server(("127.0.0.1", port)):  # another program's listener
         with pytest.raises(SettingsError, match=f"cannot listen on 127.0.0.1:{port}"):
             reserve_port(_settings(port))
@@ -113,7 +108,7 @@ def test_a_port_held_by_sockets_outside_any_group_falls_back_to_one_shared_socke
     # What a server that ran without SO_REUSEPORT leaves for a minute: its connections in TIME_WAIT, bound with
     # SO_REUSEADDR and not listening. A plain bind passes them, the group's member does not: no group (None, the
     # lock released), and core_processes.py shares one listening socket as before.
-    port = _free_port()
+    port = free_port()
     with socket.socket() as lingering:
         lingering.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         lingering.bind(("127.0.0.1", port))
@@ -129,7 +124,7 @@ def test_the_benchmark_hook_brings_the_shared_socket_back(monkeypatch):
 
 
 def test_a_restart_forms_the_group_again_despite_the_last_runs_time_wait_connections():
-    settings = _settings(_free_port())
+    settings = _settings(free_port())
     group, member = reserve_port(settings), _listening_member(settings)
     clients = [socket.create_connection(("127.0.0.1", settings.port), timeout=5) for _ in range(5)]
     for conn in [member.accept()[0] for _ in clients]:
@@ -143,7 +138,7 @@ def test_a_restart_forms_the_group_again_despite_the_last_runs_time_wait_connect
 
 
 def test_another_programs_socket_in_the_group_is_told_apart_from_the_servers_own():
-    settings = _settings(_free_port())
+    settings = _settings(free_port())
     group, member = reserve_port(settings), _listening_member(settings)
     intruder = None
     try:

@@ -46,16 +46,15 @@ def serve(settings: Settings) -> int:
     os.environ[OWN_CORES_ENV] = "1"
     compat.setup_multiprocess_metrics()  # before the processes start: they inherit the directory
     # A socket each where the kernel spreads connections over them (shares.py), else one shared socket
-    guard = reserve_port(settings) if spread_by_kernel() else None
-    own_sockets = guard is not None
-    sock = guard if own_sockets else listen(settings)
+    group = reserve_port(settings) if spread_by_kernel() else None
+    sock = group or listen(settings)  # what the parent holds for the server's life
     log.info("the API processes listen %s", "each on its own socket of the port's SO_REUSEPORT group (the kernel "
-             "spreads connections)" if own_sockets else "on one shared socket")
+             "spreads connections)" if group else "on one shared socket")
     cores = core_count(settings)
     log.info("starting %d hyocr API processes on %s:%d, each owning %s of %d engine cores", count, settings.host,
              settings.port, "one" if count == cores else f"about {cores // count}", cores)
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=run_process, args=(settings, None if own_sockets else sock, index, count),
+    procs = [ctx.Process(target=run_process, args=(settings, None if group else sock, index, count),
                          name=f"hyocr-api-{index}") for index in range(count)]
     stopping = {"now": False}
 
@@ -76,7 +75,7 @@ def serve(settings: Settings) -> int:
             if failed and not stopping["now"]:
                 log.error("API process %s exited with %s: stopping the server", failed[0].name, failed[0].exitcode)
                 on_signal()
-            if own_sockets and time.monotonic() > next_check:
+            if group and time.monotonic() > next_check:
                 next_check = time.monotonic() + FOREIGN_CHECK_S
                 found = foreign_listeners(settings.port, [p.pid for p in procs if p.pid])
                 if found and found != intruders:

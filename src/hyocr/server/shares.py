@@ -44,15 +44,19 @@ def close_in_forks(sock: Any) -> None:
     os.register_at_fork(after_in_child=sock.close)
 
 
+def _cannot_listen(settings: Settings, reason: str | None) -> Exception:
+    from ..config import SettingsError
+
+    return SettingsError(f"cannot listen on {settings.host}:{settings.port}: {reason}")
+
+
 def listen(settings: Settings) -> socket.socket:
     """The server's listening socket, bound before any engine loads (a port in use fails at once, and
     connections wait in the backlog until the API processes accept them), closed in forked children."""
-    from ..config import SettingsError
-
     try:
         sock = socket.create_server((settings.host, settings.port), family=_family(settings), backlog=4096)
     except OSError as exc:
-        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
+        raise _cannot_listen(settings, exc.strerror) from None
     close_in_forks(sock)
     return sock
 
@@ -112,15 +116,12 @@ class PortGroup:
 def _port_lock(settings: Settings) -> socket.socket:
     """One hyocr server at a time on host:port, even two started at the same instant (a plain bind alone would
     let both pass before either joined the group)."""
-    from ..config import SettingsError
-
     lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         lock.bind(f"\0hyocr-port:{settings.host}:{settings.port}")
     except OSError:
         lock.close()
-        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: another hyocr server holds it"
-                            ) from None
+        raise _cannot_listen(settings, "another hyocr server holds it") from None
     close_in_forks(lock)
     return lock
 
@@ -132,24 +133,19 @@ def reserve_port(settings: Settings) -> PortGroup | None:
     server that ran without SO_REUSEPORT, for up to a minute): the caller then shares one socket, as before.
     A program of the same user that binds the port with SO_REUSEPORT itself would join the group (as beside any
     SO_REUSEPORT server): foreign_listeners() tells."""
-    from ..config import SettingsError
-
     lock = _port_lock(settings)
-    try:
-        try:  # refused by a listener, or by another group's member
-            _bound(settings, reuse_address=True, reuse_port=False).close()
-        except OSError as exc:
-            raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
-        try:  # without SO_REUSEADDR: with it, a probe like the one above would bind beside this member
-            member = _bound(settings, reuse_address=False, reuse_port=True)
-        except OSError as exc:
-            log.warning("port %s:%d: no SO_REUSEPORT group (%s); the API processes share one socket",
-                        settings.host, settings.port, exc.strerror)
-            lock.close()
-            return None
-    except BaseException:
+    try:  # refused by a listener, or by another group's member
+        _bound(settings, reuse_address=True, reuse_port=False).close()
+    except OSError as exc:
         lock.close()
-        raise
+        raise _cannot_listen(settings, exc.strerror) from None
+    try:  # without SO_REUSEADDR: with it, a probe like the one above would bind beside this member
+        member = _bound(settings, reuse_address=False, reuse_port=True)
+    except OSError as exc:
+        lock.close()
+        log.warning("port %s:%d: no SO_REUSEPORT group (%s); the API processes share one socket",
+                    settings.host, settings.port, exc.strerror)
+        return None
     close_in_forks(member)
     return PortGroup(lock, member)
 
@@ -158,12 +154,10 @@ def join_group(settings: Settings) -> socket.socket:
     """This API process's own socket in the port's SO_REUSEPORT group, bound but not yet listening: uvicorn
     listens once the process's cores are up, so that no connection waits in the backlog of a process still
     loading (the single-process server is refused while it loads, too)."""
-    from ..config import SettingsError
-
     try:
         sock = _bound(settings, reuse_address=True, reuse_port=True)
     except OSError as exc:
-        raise SettingsError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
+        raise _cannot_listen(settings, exc.strerror) from None
     close_in_forks(sock)
     return sock
 
