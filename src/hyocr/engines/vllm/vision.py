@@ -45,6 +45,7 @@ from .tuning import PIXEL_CONFIG_ENV as ENV_PIXELS
 from .tuning import VISION_ENCODER_ENV as ENV_MODE
 
 ENV_TIMING = "HYOCR_ENCODER_TIMING_FILE"
+PROFILE_LABEL = "hyocr:vision_encoder"
 MODES = ("batched", "vllm")
 # bf16 activations through 27 layers: matrix products over more rows may round differently.
 SELF_TEST_TOLERANCE = 2e-2
@@ -139,7 +140,11 @@ def normalised(x: Any) -> Any:
 
 def _normalising(forward: Any) -> Any:
     def forward_with_bytes(self: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
-        return forward(self, normalised(x), *args, **kwargs)
+        import torch
+
+        # Named in a torch profile (vLLM's profiler_config): the encoder's kernels apart from the step's
+        with torch.profiler.record_function(PROFILE_LABEL):
+            return forward(self, normalised(x), *args, **kwargs)
 
     forward_with_bytes.hyocr_normalising = True
     return forward_with_bytes
