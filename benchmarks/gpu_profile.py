@@ -57,6 +57,7 @@ async def profile(out: Path, concurrency: int, steps: int, vllm_args: str | None
     from hyocr.engines.vllm.engine import VllmEngine
 
     engines_gpu.build_checkpoint()
+    os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)  # the device bundle's install.sh forces V1; hyocr picks its own
     trace_dir = out / "trace"
     trace_dir.mkdir(parents=True, exist_ok=True)
     settings = Settings(engine="vllm", model=str(engines_gpu.CHECKPOINT), port=PORT, ui=False, jobs=False,
@@ -87,7 +88,8 @@ async def profile(out: Path, concurrency: int, steps: int, vllm_args: str | None
     warm = await asyncio.create_subprocess_exec(*bench(url, concurrency, 2 * concurrency, out / "warm.json"), env=env,
                                                 stderr=subprocess.DEVNULL)
     await warm.wait()
-    load = await asyncio.create_subprocess_exec(*bench(url, concurrency, 8 * concurrency, out / "load.json"),
+    # long enough to outlast the profile at any concurrency (c=1: ~0.4 s a card)
+    load = await asyncio.create_subprocess_exec(*bench(url, concurrency, max(8 * concurrency, 48), out / "load.json"),
                                                 env=env, stderr=subprocess.DEVNULL)
     await asyncio.sleep(4)  # past the first wave's prefills: the steady mix of prefills and decodes
     await engine.engine.start_profile()

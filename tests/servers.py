@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +27,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Stop a server started with ``start_new_session=True`` as a user's Ctrl-C would (SIGTERM to its process
+    group, so its engine processes too), killing the group if it has not exited within ``timeout``."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120, log: pathlib.Path | None = None) -> None:

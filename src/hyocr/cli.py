@@ -60,7 +60,7 @@ def _settings_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = (),
         flag = "--" + name.replace("_", "-")
         kind, choices = _flag_type(field.annotation)
         default = field.default if field.default is not None else "unset"
-        help_text = f"{field.description or ''} [default: {default}]".strip()
+        help_text = f"{field.description or ''} [default: {default}]".strip().replace("%", "%%")  # argparse formats
         if shown is not None and name not in shown:
             help_text = argparse.SUPPRESS
         if kind is bool:

@@ -112,6 +112,7 @@ def test_help_shows_what_the_command_uses_and_help_all_every_setting(command, ca
     assert all(f" {t.value} " in flat or f" {t.value};" in flat for t in Task), flat  # every task
     full = _help(command, "--help-all", capsys=capsys)
     assert "--jwt-secret" in full and "--max-image-bytes" in full and len(full.splitlines()) > 300
+    assert "~8% of a card" in " ".join(full.split())  # a per cent sign in a description is text, not a format
     # the flags the help leaves out are taken all the same
     args = build_parser().parse_args([command, "x.png", *(["-o", "out"] if command == "batch" else []),
                                       "--max-image-bytes", "5", "--no-loop-guard"])

@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 from imaging import card
-from servers import free_port, wait_ready
+from servers import free_port, stop_group, wait_ready
 
 pytestmark = pytest.mark.timeout(900)
 IMAGE = card().png()
@@ -66,12 +66,7 @@ def server(tiny_checkpoint, vllm_cpu_environment, tmp_path):
         wait_ready(proc, url, timeout=600, log=tmp_path / "server.log")
         yield proc, url
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
         log.close()
 
 

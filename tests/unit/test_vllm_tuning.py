@@ -153,3 +153,48 @@ def test_several_cores_share_one_gpu_each_with_its_own_footprint(tmp_path, caplo
     given = size_engine({**args, "kv_cache_memory_bytes": 10 * 2**30}, expected_tokens=5218, device_bytes=h200,
                         cores=2)
     assert given["kv_cache_memory_bytes"] == 10 * 2**30 and given["gpu_memory_utilization"] == pytest.approx(0.13)  # 18 of 140 GiB
+
+
+def test_an_fp8_kv_cache_is_sized_at_a_byte_an_element(tmp_path):
+    """KV_CACHE_DTYPE=fp8 (or VLLM_ARGS' kv_cache_dtype) halves what the workload's cache takes, so a core's
+    footprint and its start check shrink with it: three cores on an 80 GB H100 then hold nearly all of the page
+    workload's sequences each, where bf16 holds half of them."""
+    (tmp_path / "config.json").write_text(json.dumps(HUB_CONFIG))
+    args = {"model": str(tmp_path), "max_num_seqs": 64, "dtype": "bfloat16"}
+    bf16 = size_engine(args, expected_tokens=5218)["kv_cache_memory_bytes"]
+    for chosen in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        fp8 = size_engine({**args, "kv_cache_dtype": chosen}, expected_tokens=5218)["kv_cache_memory_bytes"]
+        assert abs(2 * fp8 - bf16) <= 2
+    assert size_engine({**args, "kv_cache_dtype": "auto"}, expected_tokens=5218)["kv_cache_memory_bytes"] == bf16
+    h100 = 81_559 * 2**20  # what NVML reports of an H100 80GB
+    share = {dtype: size_engine({**args, "kv_cache_dtype": dtype}, expected_tokens=5218, device_bytes=h100, cores=3)
+             for dtype in ("auto", "fp8")}
+    held = {dtype: sized["kv_cache_memory_bytes"] / (bf16 / (2 if dtype == "fp8" else 1))
+            for dtype, sized in share.items()}  # the fraction of the workload's cache each core holds
+    assert 0.45 < held["auto"] < 0.55 and held["fp8"] > 0.95
+    assert 3 * share["fp8"]["gpu_memory_utilization"] <= 0.9 + 0.03
+
+
+def test_kv_cache_dtype_is_a_setting_that_reaches_vllm():
+    assert "kv_cache_dtype" not in vllm_engine_args(load_settings(engine="vllm", model="/m"))  # the model's dtype
+    assert vllm_engine_args(load_settings(engine="vllm", model="/m", kv_cache_dtype="fp8"))["kv_cache_dtype"] == "fp8"
+    with pytest.raises(SettingsError, match="kv_cache_dtype"):
+        load_settings(engine="vllm", model="/m", kv_cache_dtype="int4")
+
+
+def test_an_fp8_kv_cache_is_refused_at_once_where_vllms_cpu_backend_cannot_hold_it():
+    """vLLM's CPU attention stores FP8 KV only with AVX-512 or AMX; elsewhere its engine dies a minute into the
+    start. hyocr says so before anything starts, on this machine's real CPU (either answer is right for it)."""
+    pytest.importorskip("vllm")
+    import torch
+    from vllm.platforms import current_platform
+
+    from hyocr.engines.vllm.args import check_kv_cache_dtype
+
+    check_kv_cache_dtype({"kv_cache_dtype": "auto"})  # nothing asked, nothing checked
+    capable = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
+    if not current_platform.is_cpu() or capable:
+        check_kv_cache_dtype({"kv_cache_dtype": "fp8"})
+    else:
+        with pytest.raises(SettingsError, match="AVX-512 or AMX"):
+            check_kv_cache_dtype({"kv_cache_dtype": "fp8"})

@@ -135,6 +135,10 @@ def run(settings: Settings) -> int:
         return 2
     address = cluster_address(settings)
     owned = address == LOCAL  # a cluster of ours: Serve and Ray stop with this process
+    if owned and settings.engine == "vllm":  # replicas on this machine: what it cannot run is refused here, at once
+        from ..engines.vllm.args import check_kv_cache_dtype, vllm_engine_args
+
+        check_kv_cache_dtype(vllm_engine_args(settings))
     ray.init(address=address, namespace="hyocr", include_dashboard=False,
              log_to_driver=settings.log_level == "debug", configure_logging=False)
     stop = threading.Event()

@@ -42,6 +42,9 @@ def serve(settings: Settings) -> int:
     from ..engines.vllm import compat
     from ..engines.vllm.cores import core_count
 
+    from ..engines.vllm.args import check_kv_cache_dtype, vllm_engine_args
+
+    check_kv_cache_dtype(vllm_engine_args(settings))  # a refusal here, once, not a traceback from each process
     count = settings.api_processes
     os.environ[OWN_CORES_ENV] = "1"
     compat.setup_multiprocess_metrics()  # before the processes start: they inherit the directory

@@ -57,6 +57,25 @@ def speculative_details(config: dict | None) -> dict[str, str]:
     return {"speculative_decoding": ", ".join(parts)}
 
 
+def check_kv_cache_dtype(args: dict[str, Any]) -> None:
+    """An FP8 KV cache on vLLM's CPU backend needs AVX-512 or AMX: vLLM refuses it elsewhere only once its
+    engine process builds the attention (a worker traceback a minute into the start). Refused here, before
+    anything starts, with the reason; GPUs are left to vLLM (its backend picks what it supports)."""
+    dtype = str(args.get("kv_cache_dtype") or "auto")
+    if not dtype.startswith("fp8"):
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    import torch
+
+    if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
+        raise SettingsError(f"KV cache dtype {dtype}: vLLM's CPU backend stores an FP8 KV cache only on x86 "
+                            "CPUs with AVX-512 or AMX, and this CPU has neither; use KV_CACHE_DTYPE=auto "
+                            "(and no kv_cache_dtype in VLLM_ARGS) here")
+
+
 def structured_outputs_params(constraint: StructuredOutput) -> Any:
     """vLLM's StructuredOutputsParams for hyocr's constraint (whitespace and backend are the engine's)."""
     from vllm.sampling_params import StructuredOutputsParams
@@ -97,6 +116,8 @@ def vllm_engine_args(settings: Settings) -> dict[str, Any]:
         args["max_model_len"] = settings.max_model_len
     if settings.quantization:
         args["quantization"] = settings.quantization
+    if settings.kv_cache_dtype != "auto":
+        args["kv_cache_dtype"] = settings.kv_cache_dtype
     if settings.swap_space is not None:
         args["swap_space"] = settings.swap_space
     if settings.kv_cache_memory_bytes:

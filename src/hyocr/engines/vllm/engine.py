@@ -36,6 +36,7 @@ from ..base import EngineInfo, Replica, SharedEngine
 from ..registry import ALL_TASKS
 from . import compat
 from .args import (
+    check_kv_cache_dtype,
     parse_lora_modules,
     resolve_checkpoint,
     speculative_details,
@@ -96,6 +97,7 @@ class VllmEngine(StartupCalls, SharedEngine):
             adapters=tuple(self.lora_modules),
             structured=True,
             details={"path": engine_args["model"], "revision": revision or "main", "subfolder": subfolder or "",
+                     "kv_cache_dtype": str(engine_args.get("kv_cache_dtype") or "auto"),
                      **speculative_details(engine_args.get("speculative_config"))},
         )
         self.engine: Any = None
@@ -116,8 +118,10 @@ class VllmEngine(StartupCalls, SharedEngine):
     def from_settings(cls, settings: Settings) -> VllmEngine:
         if not settings.model:
             raise SettingsError("--engine vllm needs --model (a hub id such as tencent/HunyuanOCR, or a path)")
+        args = vllm_engine_args(settings)
+        check_kv_cache_dtype(args)
         return cls(
-            vllm_engine_args(settings),
+            args,
             served_model_name=settings.served_model_name,
             max_images=settings.max_images_per_request,
             bounds=PixelBounds(settings.min_pixels, settings.max_pixels),

@@ -29,7 +29,13 @@ VISION_ENCODER_ENV = "HYOCR_VISION_ENCODER"
 # the process it runs in; a forked engine core would inherit that installation (made before this process
 # set the environment) instead of making its own.
 PIXEL_CONFIG_ENV = "HYOCR_PIXEL_CONFIG"
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def kv_dtype(args: dict[str, Any]) -> str:
+    """The KV cache's element type: KV_CACHE_DTYPE (or VLLM_ARGS' kv_cache_dtype) when set, else the model's."""
+    chosen = args.get("kv_cache_dtype") or "auto"
+    return chosen if chosen != "auto" else args.get("dtype", "auto")
 
 
 def kv_bytes_per_token(config: dict, dtype: str = "auto") -> int:
@@ -39,7 +45,7 @@ def kv_bytes_per_token(config: dict, dtype: str = "auto") -> int:
     heads = int(text.get("num_key_value_heads") or text["num_attention_heads"])
     head_dim = int(text.get("head_dim") or text.get("attention_head_dim")
                    or text["hidden_size"] // text["num_attention_heads"])
-    return 2 * layers * heads * head_dim * _DTYPE_BYTES.get(dtype, 2)
+    return 2 * layers * heads * head_dim * _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("fp8") else 2)
 
 
 # What a document page writes (markdown of an A4 page: ~1000 tokens, issue 18's measured workload).
@@ -162,7 +168,7 @@ def size_engine(args: dict[str, Any], *, expected_tokens: int, device_bytes: int
         return args
     seqs = args.get("max_num_seqs", 64)
     size = kv_cache_bytes(config, max_num_seqs=seqs, expected_tokens=expected_tokens,
-                          max_model_len=args.get("max_model_len"), dtype=args.get("dtype", "auto"))
+                          max_model_len=args.get("max_model_len"), dtype=kv_dtype(args))
     room = (device_bytes * DEVICE_FRACTION / cores - NON_KV_RESERVE_BYTES) if device_bytes else None
     if room is not None and size > room:
         if cores == 1:
@@ -172,7 +178,7 @@ def size_engine(args: dict[str, Any], *, expected_tokens: int, device_bytes: int
                         DEVICE_FRACTION * 100)
             return {**args, "gpu_memory_utilization": DEVICE_FRACTION}
         least = kv_cache_bytes(config, max_num_seqs=1, expected_tokens=1, max_model_len=args.get("max_model_len"),
-                               dtype=args.get("dtype", "auto"))
+                               dtype=kv_dtype(args))
         if room < least:
             from ...config import SettingsError
 
@@ -183,8 +189,8 @@ def size_engine(args: dict[str, Any], *, expected_tokens: int, device_bytes: int
                     "(%.0f GiB): %.1f GiB each; fewer pages run at once on each", seqs, expected_tokens,
                     size / 2**30, cores, device_bytes / 2**30, room / 2**30)
         size = int(room)
-    log.info("KV cache sized from the workload: %d sequences x %d tokens -> %.2f GiB%s", seqs, expected_tokens,
-             size / 2**30, f" for each of {cores} engine cores" if cores > 1 else "")
+    log.info("KV cache sized from the workload: %d sequences x %d tokens (%s) -> %.2f GiB%s", seqs, expected_tokens,
+             kv_dtype(args), size / 2**30, f" for each of {cores} engine cores" if cores > 1 else "")
     return _fraction_for_given_size({**args, "kv_cache_memory_bytes": size}, device_bytes)
 
 
