@@ -23,7 +23,8 @@ note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 
 # Order (session 24; sessions 22-23 ran one, three and four cores, MPS, the port group against the shared socket,
 # FP8 KV on three cores and both `vllm serve`s: docs/benchmarks.md): a torch profile of one core at c=1 (NOTES, session
-# 23: the c=1 step follows the host's CPU; where do its 1.7-2.4 ms go), three cores with an FP8 KV cache beside
+# 23: the c=1 step follows the host's CPU; where do its 1.7-2.4 ms go), one core at c=64 under py-spy (C3 carries
+# its wheel: where the core's CPU goes a step, the GPU idle half the time), three cores with an FP8 KV cache beside
 # three without at the issue's levels, the official `vllm serve` at the same levels and on A4, one core on A4 at
 # c=64 and 128 and cards at c=1, then `vllm serve --api-server-count 4`. Each hyocr run records which processes
 # hold a CUDA context. C3's uvloop and httptools are what hyocr's uvicorn[standard] installs for a user: every
@@ -34,6 +35,12 @@ note "a torch profile of one core, a card at a time"
 python3 benchmarks/gpu_profile.py "$out/profile-c1" --concurrency 1 --steps 300 > "$out/profile-c1.log" 2>&1
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('top_kernels'); print(json.dumps(d))" \
   "$out/profile-c1/profile.json" | tee -a "$out/sitting.txt"
+
+note "one core at c=64 without a profiler: py-spy of the core's threads, the encoder's timings, GPU busy"
+# (session 23: one core at c=64 leaves the GPU idle ~half the time; where the core's CPU goes a step)
+spy=$(ls /tmp/serve-site/bin/py-spy 2>/dev/null)
+HYOCR_BENCH_PYSPY=$spy python3 benchmarks/request_time_breakdown.py "$out/diag" hyocr-vllm > "$out/diag.log" 2>&1
+tail -40 "$out/diag.log" | tee -a "$out/sitting.txt"
 
 note "three cores, three API processes, FP8 KV cache"
 CARD_LEVELS=64,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+fp8kv-api3-cores3"

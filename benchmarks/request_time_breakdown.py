@@ -215,6 +215,8 @@ def run_target(target: str, out: Path) -> dict:
     env = {**os.environ, "HYOCR_UI": "false", "HYOCR_PUBLIC_METRICS": "true",
            "HYOCR_ENCODER_TIMING_FILE": str(timing_file),
            "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    if target.startswith("hyocr"):  # the device bundle's install.sh forces V1 (for `vllm serve`); hyocr picks its own
+        env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
     log = open(out / f"{name}.server.log", "w")
     proc = subprocess.Popen(server_command(target, port), stdout=log, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
