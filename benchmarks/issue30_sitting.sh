@@ -24,9 +24,9 @@ note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 # Order (session 24; sessions 22-23 ran one, three and four cores, MPS, the port group against the shared socket,
 # FP8 KV on three cores and both `vllm serve`s: docs/benchmarks.md): a torch profile of one core at c=1 (NOTES, session
 # 23: the c=1 step follows the host's CPU; where do its 1.7-2.4 ms go), one core at c=64 under py-spy (C3 carries
-# its wheel: where the core's CPU goes a step, the GPU idle half the time), three cores with an FP8 KV cache beside
-# three without at the issue's levels, the official `vllm serve` at the same levels and on A4, one core on A4 at
-# c=64 and 128 and cards at c=1, then `vllm serve --api-server-count 4`. Each hyocr run records which processes
+# its wheel: where the core's CPU goes a step, the GPU idle half the time), three cores with an FP8 KV cache at
+# c=64-256, the official `vllm serve` at the same levels and c=1, one core (c=1, A4 c=64), three cores without FP8 at
+# c=256, then `vllm serve --api-server-count 4` (~1400 s in all, by session 23's starts and levels). Each hyocr run records which processes
 # hold a CUDA context. C3's uvloop and httptools are what hyocr's uvicorn[standard] installs for a user: every
 # target runs with them.
 [ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
@@ -45,14 +45,14 @@ tail -40 "$out/diag.log" | tee -a "$out/sitting.txt"
 note "three cores, three API processes, FP8 KV cache"
 CARD_LEVELS=64,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+fp8kv-api3-cores3"
 
-note "three cores, three API processes"
-CARD_LEVELS=64,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api3-cores3"
-
 note "vllm serve (official flags)"
-CARD_LEVELS=1,64,192,256 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" vllm-serve
+CARD_LEVELS=1,64,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve
 
 note "one core"
-CARD_LEVELS=1 A4_LEVELS=64,128 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
+CARD_LEVELS=1 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
+
+note "three cores, three API processes (bf16 KV)"
+CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api3-cores3"
 
 note "vllm serve --api-server-count 4"
 CARD_LEVELS=192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve+api4
