@@ -12,7 +12,8 @@
 # C3 (default .stage/c3) holds the wheels vllm serve needs beyond the bundle (DEVICE.md), plus httptools (cp312),
 # which with uvloop is what `pip install hyocr` brings through uvicorn[standard]: `pip download --no-deps
 # --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_17_x86_64 -d
-# .stage/c3 uvloop httptools ...`.
+# .stage/c3 uvloop httptools ...`, and py-spy for the c=64 diagnosis (`pip download --no-deps --only-binary=:all:
+# --platform manylinux1_x86_64 -d .stage/c3 py-spy`: its binary lands in /tmp/serve-site/bin).
 set -uo pipefail
 out=${1:?output directory}
 mkdir -p "$out"
