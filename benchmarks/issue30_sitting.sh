@@ -26,8 +26,9 @@ note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 # FP8 KV on three cores and both `vllm serve`s: docs/benchmarks.md): a torch profile of one core at c=1 (NOTES, session
 # 23: the c=1 step follows the host's CPU; where do its 1.7-2.4 ms go), one core at c=64 under py-spy (C3 carries
 # its wheel: where the core's CPU goes a step, the GPU idle half the time), three cores with an FP8 KV cache at
-# c=64-256, the official `vllm serve` at the same levels and c=1, one core (c=1, A4 c=64), three cores without FP8 at
-# c=256, then `vllm serve --api-server-count 4` (~1400 s in all, by session 23's starts and levels). Each hyocr run records which processes
+# c=64-256, the official `vllm serve` at the same levels and c=1, one core (c=1, A4 c=64), one core with two API
+# processes at c=64 (the port group there, new in session 23), three cores without FP8 at c=256, then `vllm serve
+# --api-server-count 4` (~1550 s in all, by session 23's starts and levels). Each hyocr run records which processes
 # hold a CUDA context. C3's uvloop and httptools are what hyocr's uvicorn[standard] installs for a user: every
 # target runs with them.
 [ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
@@ -51,6 +52,9 @@ CARD_LEVELS=1,64,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out"
 
 note "one core"
 CARD_LEVELS=1 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
+
+note "one core, two API processes sharing it (each on its own socket of the port's group since session 23)"
+CARD_LEVELS=64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api2"
 
 note "three cores, three API processes (bf16 KV)"
 CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api3-cores3"

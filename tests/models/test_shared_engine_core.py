@@ -42,6 +42,7 @@ class _Server:
     def __init__(self, checkpoint: Path, log: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log
         self.log = open(log, "w")
         command = [sys.executable, "-m", "hyocr", "serve", "--engine", "vllm", "--model", str(checkpoint),
                    "--dtype", "bfloat16", "--max-model-len", "8192", "--max-num-seqs", "8", "--trust-remote-code",
@@ -143,7 +144,9 @@ def _refused_while_draining(url: str) -> bool:
 
 
 def test_two_processes_serve_one_engine_and_drain_on_sigterm(server):
-    # Both processes take connections (the kernel gives each new one to one of them).
+    # Both processes take connections (the kernel gives each new one to one of them), each on its own socket of
+    # the port's SO_REUSEPORT group (server/shares.py), so a burst of connections is spread over both.
+    assert "SO_REUSEPORT group" in server.log_path.read_text()
     seen = set()
     for _ in range(60):
         with httpx.Client(timeout=30) as client:

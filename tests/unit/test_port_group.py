@@ -5,6 +5,7 @@ own (a listener on it, or a second hyocr, is refused). Real sockets and real TCP
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import socket
 import subprocess
@@ -15,7 +16,15 @@ import pytest
 from servers import free_port
 
 from hyocr.config import SettingsError, load_settings
-from hyocr.server.shares import PortGroup, foreign_listeners, join_group, listen, reserve_port, spread_by_kernel
+from hyocr.server.shares import (
+    ForeignWatch,
+    PortGroup,
+    foreign_listeners,
+    join_group,
+    listen,
+    reserve_port,
+    spread_by_kernel,
+)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT balancing is Linux's")
 
@@ -137,7 +146,7 @@ def test_a_restart_forms_the_group_again_despite_the_last_runs_time_wait_connect
     again.close()
 
 
-def test_another_programs_socket_in_the_group_is_told_apart_from_the_servers_own():
+def test_another_programs_socket_in_the_group_is_told_apart_from_the_servers_own(caplog):
     settings = _settings(free_port())
     group, member = reserve_port(settings), _listening_member(settings)
     intruder = None
@@ -152,6 +161,12 @@ def test_another_programs_socket_in_the_group_is_told_apart_from_the_servers_own
         assert intruder.stdout.readline().strip() == "listening"
         assert len(foreign_listeners(settings.port, [os.getpid()])) == 1
         assert foreign_listeners(settings.port, [os.getpid(), intruder.pid]) == []
+        # what the parents of processes.py and core_processes.py run: one error for a new intruder, not one a look
+        watch = ForeignWatch(settings.port, interval=0)
+        with caplog.at_level(logging.ERROR, logger="hyocr.server.shares"):
+            for _ in range(3):
+                watch.check([os.getpid()])
+        assert len([r for r in caplog.records if "another program listens" in r.getMessage()]) == 1
     finally:
         if intruder is not None:
             intruder.kill()

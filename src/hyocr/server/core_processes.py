@@ -28,7 +28,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from .shares import foreign_listeners, join_group, listen, process_settings, reserve_port, spread_by_kernel
+from .shares import ForeignWatch, join_group, listen, process_settings, reserve_port, spread_by_kernel
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -71,21 +71,15 @@ def serve(settings: Settings) -> int:
         signal.signal(sig, on_signal)
     for proc in procs:
         proc.start()
-    next_check, intruders = time.monotonic() + FOREIGN_CHECK_S, []
+    watch = ForeignWatch(settings.port, FOREIGN_CHECK_S) if group else None
     try:
         while any(proc.is_alive() for proc in procs):
             failed = [p for p in procs if p.exitcode not in (None, 0)]
             if failed and not stopping["now"]:
                 log.error("API process %s exited with %s: stopping the server", failed[0].name, failed[0].exitcode)
                 on_signal()
-            if group and time.monotonic() > next_check:
-                next_check = time.monotonic() + FOREIGN_CHECK_S
-                found = foreign_listeners(settings.port, [p.pid for p in procs if p.pid])
-                if found and found != intruders:
-                    log.error("another program listens on port %d in this server's SO_REUSEPORT group (socket "
-                              "inodes %s) and takes a share of its connections: stop it, or set another PORT",
-                              settings.port, found)
-                intruders = found
+            if watch is not None:
+                watch.check([p.pid for p in procs if p.pid])
             time.sleep(0.2)
     finally:
         sock.close()

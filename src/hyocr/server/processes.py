@@ -9,8 +9,10 @@ and process manager: the engine core, the ZMQ endpoints, process monitoring, shu
 ``run_multi_api_server`` does, with hyocr's server as the function each front end runs. It does not
 import vLLM's OpenAI server (``vllm.entrypoints``), which needs packages hyocr does not.
 
-Each process is a complete hyocr server on the shared socket (auth, limits, pipeline, metrics): the
-kernel hands each new connection to one of them. What has to be shared between them is:
+Each process is a complete hyocr server (auth, limits, pipeline, metrics) on its own socket of the port's
+SO_REUSEPORT group (Linux, shares.py; elsewhere all on one shared socket): the kernel hands each new connection
+to one of them, spread evenly, where one shared socket lets the process woken first take a burst of them
+(benchmarks/accept_spread.py). What has to be shared between them is:
 - admission: ``MAX_CONCURRENCY`` and ``MAX_QUEUE`` are totals, split evenly between the processes;
 - rate limits: counted in the store they name; memory:// would count per process, so Settings refuses
   it with N > 1;
@@ -31,11 +33,12 @@ import math
 import os
 import signal
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 from ..engines.vllm import compat
 from ..engines.vllm.shared_core import SharedEngineCore, engine_config
-from .shares import process_settings
+from .shares import ForeignWatch, PortGroup, join_group, process_settings, reserve_port, spread_by_kernel
 from .shares import listen as bind_listening_socket
 
 if TYPE_CHECKING:
@@ -69,7 +72,11 @@ def serve(settings: Settings) -> int:
     # vLLM waits this long for the front ends to drain after SIGTERM before it kills them.
     if "shutdown_timeout" in _engine_fields():
         kwargs.setdefault("shutdown_timeout", math.ceil(settings.drain_timeout) + 5)
-    sock = bind_listening_socket(settings)
+    # A socket each where the kernel spreads connections over them (shares.py), else one shared socket
+    group = reserve_port(settings) if spread_by_kernel() else None
+    sock = group or bind_listening_socket(settings)  # what the parent holds for the server's life
+    log.info("the API processes listen %s", "each on its own socket of the port's SO_REUSEPORT group (the kernel "
+             "spreads connections)" if group else "on one shared socket")
     listen = f"http://{settings.host}:{settings.port}"
 
     stopping = False
@@ -109,13 +116,16 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
     ready = multiprocessing.get_context("spawn").Value("i", 0)  # front ends whose engine answered
     frontend_args = argparse.Namespace(hyocr_frontend=(settings, kwargs), hyocr_ready=ready)
     launched = Launched()
+    done = threading.Event()
     try:
-        try:
-            _launch(launched, config, count, listen, sock, frontend_args,
+        try:  # in a group each front end binds its own socket (run_frontend); else they share the parent's
+            _launch(launched, config, count, listen, None if isinstance(sock, PortGroup) else sock, frontend_args,
                     log_stats=not kwargs.get("disable_log_stats"))
         except RuntimeError as exc:  # the core or a front end died before the engine was up
             log.error("the engine core or an API process failed to start: %s", exc)
             return "failed"
+        if isinstance(sock, PortGroup):  # the parent blocks below: another program in the group is looked for aside
+            threading.Thread(target=_watch_group, args=(settings.port, launched, done), daemon=True).start()
         compat.wait_for_processes(*launched.processes)
         return "stopped"
     except SystemExit:
@@ -124,11 +134,20 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
         log.error("server stopping: %s", exc)
         return "start failed" if ready.value < count and not stopping() else "failed"
     finally:
+        done.set()
         if stopping():
             # The parent's copy of the listening socket: without it, once the front ends stop accepting, a
             # connection still in the backlog is refused at once instead of waiting out the drain for a reset.
             sock.close()
         launched.stop(getattr(config, "shutdown_timeout", None) if stopping() else None)
+
+
+def _watch_group(port: int, launched: Launched, done: threading.Event) -> None:
+    """Until ``done``: log another program's socket in the port's group (shares.ForeignWatch), every 10 s."""
+    watch = ForeignWatch(port)
+    while not done.wait(1.0):
+        frontends = getattr(launched.frontends, "processes", None) or []
+        watch.check([p.pid for p in frontends if p.pid])
 
 
 @dataclasses.dataclass
@@ -196,7 +215,8 @@ def _pids(engine_manager: Any) -> tuple[int, ...]:
 
 def run_frontend(listen_address: str, sock: Any, args: Any, client_config: dict[str, Any] | None = None,
                  **_: Any) -> None:
-    """One front-end process (spawned by vLLM): a whole hyocr server on the shared socket."""
+    """One front-end process (spawned by vLLM): a whole hyocr server on the shared socket, or on its own in the
+    port's SO_REUSEPORT group (``sock`` None)."""
     import uvicorn
 
     from ..api.app import build_app
@@ -206,6 +226,8 @@ def run_frontend(listen_address: str, sock: Any, args: Any, client_config: dict[
 
     settings, kwargs = args.hyocr_frontend
     setup_logging(settings.log_level, settings.log_format)
+    if sock is None:  # its own socket of the port's group; uvicorn listens once the engine answers
+        sock = join_group(settings)
     if settings.gil_switch_interval:
         sys.setswitchinterval(settings.gil_switch_interval)
     core = SharedEngineCore(compat.frontend_client_config(client_config), engine_pids=getattr(args, "hyocr_engine_pids", ()),

@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -184,3 +185,22 @@ def foreign_listeners(port: int, pids: list[int]) -> list[int]:
                     if target.startswith("socket:["):
                         ours.add(int(target[8:-1]))
     return sorted(listening - ours) if ours else []  # none of ours readable (or none listening yet): cannot tell
+
+
+class ForeignWatch:
+    """The parent's look, every ``interval`` seconds, for another program's socket in the port's group (an error
+    logged once for each new set of intruders; the server goes on: the intruder would keep the port)."""
+
+    def __init__(self, port: int, interval: float = 10.0) -> None:
+        self.port, self.interval = port, interval
+        self.due, self.intruders = time.monotonic() + interval, []
+
+    def check(self, pids: list[int]) -> None:
+        if time.monotonic() < self.due:
+            return
+        self.due = time.monotonic() + self.interval
+        found = foreign_listeners(self.port, pids)
+        if found and found != self.intruders:
+            log.error("another program listens on port %d in this server's SO_REUSEPORT group (socket inodes %s) "
+                      "and takes a share of its connections: stop it, or set another PORT", self.port, found)
+        self.intruders = found
