@@ -78,11 +78,9 @@ class Settings(BaseSettings):
         "core alone. Cards gain (one core's thread is their bound), documents do not (the GPU is)")
     quantization: str | None = Field(None, description="vLLM: awq, gptq, fp8, ...")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
-        "auto", description="vLLM: the KV cache's element type; auto = the model's (bf16). fp8 halves each "
-        "sequence's cache (the memory a core takes, or twice the sequences in it) and ~8% of a card's GPU time "
-        "(decode attention reads half the bytes), at an accuracy cost hyocr cannot see on random weights: "
-        "unscaled FP8, measure it on your documents (hyocr eval). GPU: Hopper with FlashAttention 3 or "
-        "FlashInfer; vLLM's CPU backend: AVX-512 or AMX only")
+        "auto", description="vLLM: the KV cache's element type (auto: the model's). fp8 halves the cache and ~8% "
+        "of a card's GPU time, at an accuracy cost to measure on your documents (hyocr eval): unscaled FP8. "
+        "vLLM's CPU backend: AVX-512 or AMX only")
     swap_space: float | None = Field(None, ge=0, description="vLLM: CPU swap GiB (older vLLM only)")
     lora_modules: str | None = Field(None, description="vLLM: LoRA adapters, name=path[,name=path]; "
                                      "a request selects one with its model field")

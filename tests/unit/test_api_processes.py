@@ -163,7 +163,7 @@ def test_a_launch_that_fails_half_way_is_stopped_and_not_retried(monkeypatch):
     monkeypatch.setattr(vllm_frontends, "engine_config", lambda *a: None)
     monkeypatch.setattr(vllm_frontends, "_launch", launch)
     settings = load_settings(engine="vllm", model="m", api_processes=2)
-    outcome = vllm_frontends._run_once({}, 2, "http://x", None, settings, lambda: False)
+    outcome = vllm_frontends._run_once({}, 2, "http://x", (None, None), settings, lambda: False)
     assert outcome == "failed" and stopped == [None]
 
 

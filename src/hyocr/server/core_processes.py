@@ -28,7 +28,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from .shares import ForeignWatch, join_group, listen, process_settings, reserve_port, spread_by_kernel
+from .shares import ForeignWatch, hold_port, join_group, process_settings
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -40,24 +40,19 @@ FOREIGN_CHECK_S = 10.0  # how often the parent looks for another program's socke
 
 def serve(settings: Settings) -> int:
     from ..engines.vllm import compat
-    from ..engines.vllm.cores import core_count
-
     from ..engines.vllm.args import check_kv_cache_dtype, vllm_engine_args
+    from ..engines.vllm.cores import core_count
 
     check_kv_cache_dtype(vllm_engine_args(settings))  # a refusal here, once, not a traceback from each process
     count = settings.api_processes
     os.environ[OWN_CORES_ENV] = "1"
     compat.setup_multiprocess_metrics()  # before the processes start: they inherit the directory
-    # A socket each where the kernel spreads connections over them (shares.py), else one shared socket
-    group = reserve_port(settings) if spread_by_kernel() else None
-    sock = group or listen(settings)  # what the parent holds for the server's life
-    log.info("the API processes listen %s", "each on its own socket of the port's SO_REUSEPORT group (the kernel "
-             "spreads connections)" if group else "on one shared socket")
+    held, shared = hold_port(settings)  # a socket each in the port's SO_REUSEPORT group, else one shared
     cores = core_count(settings)
     log.info("starting %d hyocr API processes on %s:%d, each owning %s of %d engine cores", count, settings.host,
              settings.port, "one" if count == cores else f"about {cores // count}", cores)
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=run_process, args=(settings, None if group else sock, index, count),
+    procs = [ctx.Process(target=run_process, args=(settings, shared, index, count),
                          name=f"hyocr-api-{index}") for index in range(count)]
     stopping = {"now": False}
 
@@ -71,7 +66,7 @@ def serve(settings: Settings) -> int:
         signal.signal(sig, on_signal)
     for proc in procs:
         proc.start()
-    watch = ForeignWatch(settings.port, FOREIGN_CHECK_S) if group else None
+    watch = ForeignWatch(settings.port, FOREIGN_CHECK_S) if shared is None else None
     try:
         while any(proc.is_alive() for proc in procs):
             failed = [p for p in procs if p.exitcode not in (None, 0)]
@@ -82,7 +77,7 @@ def serve(settings: Settings) -> int:
                 watch.check([p.pid for p in procs if p.pid])
             time.sleep(0.2)
     finally:
-        sock.close()
+        held.close()
         for proc in procs:
             proc.join(timeout=settings.drain_timeout + 30)
             if proc.is_alive():

@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engines.vllm import compat
 from ..engines.vllm.shared_core import SharedEngineCore, engine_config
-from .shares import ForeignWatch, PortGroup, join_group, process_settings, reserve_port, spread_by_kernel
-from .shares import listen as bind_listening_socket
+from .shares import ForeignWatch, hold_port, join_group, process_settings
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -72,11 +71,7 @@ def serve(settings: Settings) -> int:
     # vLLM waits this long for the front ends to drain after SIGTERM before it kills them.
     if "shutdown_timeout" in _engine_fields():
         kwargs.setdefault("shutdown_timeout", math.ceil(settings.drain_timeout) + 5)
-    # A socket each where the kernel spreads connections over them (shares.py), else one shared socket
-    group = reserve_port(settings) if spread_by_kernel() else None
-    sock = group or bind_listening_socket(settings)  # what the parent holds for the server's life
-    log.info("the API processes listen %s", "each on its own socket of the port's SO_REUSEPORT group (the kernel "
-             "spreads connections)" if group else "on one shared socket")
+    held, shared = hold_port(settings)  # a socket each in the port's SO_REUSEPORT group, else one shared
     listen = f"http://{settings.host}:{settings.port}"
 
     stopping = False
@@ -93,7 +88,7 @@ def serve(settings: Settings) -> int:
         for attempt in range(1, START_ATTEMPTS + 1):
             log.info("starting vLLM's engine core and %d hyocr API processes on %s (attempt %d of %d)", count,
                      listen, attempt, START_ATTEMPTS)
-            outcome = _run_once(kwargs, count, listen, sock, settings, lambda: stopping)
+            outcome = _run_once(kwargs, count, listen, (held, shared), settings, lambda: stopping)
             if outcome != "start failed":
                 return 0 if outcome == "stopped" else 1
             log.warning("an API process did not come up (its first call to the engine core got no answer): "
@@ -101,10 +96,10 @@ def serve(settings: Settings) -> int:
         log.error("the server did not start in %d attempts", START_ATTEMPTS)
         return 1
     finally:
-        sock.close()
+        held.close()
 
 
-def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settings: Settings,
+def _run_once(kwargs: dict[str, Any], count: int, listen: str, port: tuple[Any, Any], settings: Settings,
               stopping: Any) -> str:
     """One engine core and its front ends, until they end: "stopped" (a requested, drained stop),
     "failed" (something died while serving, or the launch itself failed: a bad checkpoint or too little
@@ -115,16 +110,17 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
     config = engine_config(kwargs, count, -1)  # rank -1: the launcher's view of all the processes
     ready = multiprocessing.get_context("spawn").Value("i", 0)  # front ends whose engine answered
     frontend_args = argparse.Namespace(hyocr_frontend=(settings, kwargs), hyocr_ready=ready)
+    held, shared = port  # shares.hold_port: shared is None in a port group (each front end joins it)
     launched = Launched()
     done = threading.Event()
     try:
-        try:  # in a group each front end binds its own socket (run_frontend); else they share the parent's
-            _launch(launched, config, count, listen, None if isinstance(sock, PortGroup) else sock, frontend_args,
+        try:
+            _launch(launched, config, count, listen, shared, frontend_args,
                     log_stats=not kwargs.get("disable_log_stats"))
         except RuntimeError as exc:  # the core or a front end died before the engine was up
             log.error("the engine core or an API process failed to start: %s", exc)
             return "failed"
-        if isinstance(sock, PortGroup):  # the parent blocks below: another program in the group is looked for aside
+        if shared is None:  # the parent blocks below: another program in the port's group is looked for aside
             threading.Thread(target=_watch_group, args=(settings.port, launched, done), daemon=True).start()
         compat.wait_for_processes(*launched.processes)
         return "stopped"
@@ -138,7 +134,7 @@ def _run_once(kwargs: dict[str, Any], count: int, listen: str, sock: Any, settin
         if stopping():
             # The parent's copy of the listening socket: without it, once the front ends stop accepting, a
             # connection still in the backlog is refused at once instead of waiting out the drain for a reset.
-            sock.close()
+            held.close()
         launched.stop(getattr(config, "shutdown_timeout", None) if stopping() else None)
 
 

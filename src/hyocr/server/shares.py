@@ -151,6 +151,19 @@ def reserve_port(settings: Settings) -> PortGroup | None:
     return PortGroup(lock, member)
 
 
+def hold_port(settings: Settings) -> tuple[Any, socket.socket | None]:
+    """For the parent of several API processes: what it holds for the server's life, and the socket it hands
+    each process: a SO_REUSEPORT group where the kernel spreads connections over the processes (None: each joins
+    with a socket of its own, join_group), else one shared listening socket (the same socket twice)."""
+    group = reserve_port(settings) if spread_by_kernel() else None
+    log.info("the API processes listen %s", "each on its own socket of the port's SO_REUSEPORT group (the kernel "
+             "spreads connections)" if group else "on one shared socket")
+    if group is not None:
+        return group, None
+    sock = listen(settings)
+    return sock, sock
+
+
 def join_group(settings: Settings) -> socket.socket:
     """This API process's own socket in the port's SO_REUSEPORT group, bound but not yet listening: uvicorn
     listens once the process's cores are up, so that no connection waits in the backlog of a process still

@@ -29,7 +29,7 @@ VISION_ENCODER_ENV = "HYOCR_VISION_ENCODER"
 # the process it runs in; a forked engine core would inherit that installation (made before this process
 # set the environment) instead of making its own.
 PIXEL_CONFIG_ENV = "HYOCR_PIXEL_CONFIG"
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}  # and any fp8* KV type: 1
 
 
 def kv_dtype(args: dict[str, Any]) -> str:
@@ -166,9 +166,9 @@ def size_engine(args: dict[str, Any], *, expected_tokens: int, device_bytes: int
     if config is None:
         log.warning("no config.json for %s: vLLM sizes its KV cache by the default fraction", args["model"])
         return args
-    seqs = args.get("max_num_seqs", 64)
+    seqs, dtype = args.get("max_num_seqs", 64), kv_dtype(args)
     size = kv_cache_bytes(config, max_num_seqs=seqs, expected_tokens=expected_tokens,
-                          max_model_len=args.get("max_model_len"), dtype=kv_dtype(args))
+                          max_model_len=args.get("max_model_len"), dtype=dtype)
     room = (device_bytes * DEVICE_FRACTION / cores - NON_KV_RESERVE_BYTES) if device_bytes else None
     if room is not None and size > room:
         if cores == 1:
@@ -178,7 +178,7 @@ def size_engine(args: dict[str, Any], *, expected_tokens: int, device_bytes: int
                         DEVICE_FRACTION * 100)
             return {**args, "gpu_memory_utilization": DEVICE_FRACTION}
         least = kv_cache_bytes(config, max_num_seqs=1, expected_tokens=1, max_model_len=args.get("max_model_len"),
-                               dtype=kv_dtype(args))
+                               dtype=dtype)
         if room < least:
             from ...config import SettingsError
 
@@ -190,7 +190,7 @@ def size_engine(args: dict[str, Any], *, expected_tokens: int, device_bytes: int
                     size / 2**30, cores, device_bytes / 2**30, room / 2**30)
         size = int(room)
     log.info("KV cache sized from the workload: %d sequences x %d tokens (%s) -> %.2f GiB%s", seqs, expected_tokens,
-             kv_dtype(args), size / 2**30, f" for each of {cores} engine cores" if cores > 1 else "")
+             dtype, size / 2**30, f" for each of {cores} engine cores" if cores > 1 else "")
     return _fraction_for_given_size({**args, "kv_cache_memory_bytes": size}, device_bytes)
 
 
