@@ -33,6 +33,22 @@ note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 # target runs with them.
 [ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
 export PYTHONPATH="$PYTHONPATH:/tmp/serve-site"
+part=${2:-all}  # diag (session 24's first sitting: where one core's time goes), measure, or all
+if [[ $part == diag ]]; then
+  note "a torch profile of one core, a card at a time"
+  python3 benchmarks/gpu_profile.py "$out/profile-c1" --concurrency 1 --steps 300 > "$out/profile-c1.log" 2>&1
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('top_kernels'); print(json.dumps(d))" \
+    "$out/profile-c1/profile.json" | tee -a "$out/sitting.txt"
+  note "one core at c=64 under py-spy"
+  spy=$(ls /tmp/serve-site/bin/py-spy 2>/dev/null)
+  HYOCR_BENCH_PYSPY=$spy python3 benchmarks/request_time_breakdown.py "$out/diag" hyocr-vllm > "$out/diag.log" 2>&1
+  tail -60 "$out/diag.log" | tee -a "$out/sitting.txt"
+  note "one core at c=1 and c=64, then with two API processes at c=64"
+  CARD_LEVELS=1,64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
+  CARD_LEVELS=64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api2"
+  note "done"
+  exit 0
+fi
 note "a torch profile of one core, a card at a time"
 python3 benchmarks/gpu_profile.py "$out/profile-c1" --concurrency 1 --steps 300 > "$out/profile-c1.log" 2>&1
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('top_kernels'); print(json.dumps(d))" \
