@@ -35,10 +35,11 @@ note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 export PYTHONPATH="$PYTHONPATH:/tmp/serve-site"
 part=${2:-all}  # diag (session 24's first sitting: where one core's time goes), measure, or all
 if [[ $part == diag ]]; then
-  note "a torch profile of one core, a card at a time"
-  python3 benchmarks/gpu_profile.py "$out/profile-c1" --concurrency 1 --steps 300 > "$out/profile-c1.log" 2>&1
+  note "a torch profile of one core at c=64 (the encoder's embedding and merger as matrix products, new)"
+  python3 benchmarks/gpu_profile.py "$out/profile-c64" --concurrency 64 --steps 300 > "$out/profile-c64.log" 2>&1
+  grep -h "self test" "$out/profile-c64.log" | tail -1 | cut -c1-300 | tee -a "$out/sitting.txt"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('top_kernels'); print(json.dumps(d))" \
-    "$out/profile-c1/profile.json" | tee -a "$out/sitting.txt"
+    "$out/profile-c64/profile.json" | tee -a "$out/sitting.txt"
   note "one core at c=64 under py-spy"
   spy=$(ls /tmp/serve-site/bin/py-spy 2>/dev/null)
   HYOCR_BENCH_PYSPY=$spy python3 benchmarks/request_time_breakdown.py "$out/diag" hyocr-vllm > "$out/diag.log" 2>&1
@@ -46,6 +47,10 @@ if [[ $part == diag ]]; then
   note "one core at c=1 and c=64, then with two API processes at c=64"
   CARD_LEVELS=1,64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
   CARD_LEVELS=64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api2"
+  note "a torch profile of one core, a card at a time"
+  python3 benchmarks/gpu_profile.py "$out/profile-c1" --concurrency 1 --steps 300 > "$out/profile-c1.log" 2>&1
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('top_kernels'); print(json.dumps(d))" \
+    "$out/profile-c1/profile.json" | tee -a "$out/sitting.txt"
   note "done"
   exit 0
 fi

@@ -16,6 +16,8 @@ built), configured through the environment the engine process inherits:
 - ``HYOCR_VISION_ENCODER``: ``batched`` (install the batched forward) or ``vllm`` (leave vLLM's).
 - ``HYOCR_ENCODER_TIMING_FILE``: a path; the pass count, images, patches, wall and GPU seconds of the
   encoder are written there (JSON, at most once a second): a diagnostic for benchmarks.
+- ``HYOCR_VISION_GEMM``: ``0`` keeps vLLM's patch embedding and merger inside the batched forward
+  (default: vision_gemm.py's matrix products; a switch for benchmarks).
 - ``HYOCR_PIXEL_CONFIG``: the checkpoint's preprocessor_config.json. Pixels that arrive as bytes (the API
   process's ``pixels.install(uint8=True)``) are turned into the processor's float values here, on the
   device, by the table the processor's own rescale and normalise make (pixels.checkpoint_table): the
@@ -39,18 +41,20 @@ import os
 import time
 from typing import Any
 
-from . import compat, hf_compat
+from . import compat, hf_compat, vision_gemm
 from . import cpu as vllm_cpu
 from .tuning import PIXEL_CONFIG_ENV as ENV_PIXELS
 from .tuning import VISION_ENCODER_ENV as ENV_MODE
 
 ENV_TIMING = "HYOCR_ENCODER_TIMING_FILE"
+ENV_GEMM = "HYOCR_VISION_GEMM"  # 0: the batched forward keeps vLLM's embedding and merger (a benchmark's A/B)
 PROFILE_LABEL = "hyocr:vision_encoder"
 MODES = ("batched", "vllm")
 # bf16 activations through 27 layers: matrix products over more rows may round differently.
 SELF_TEST_TOLERANCE = 2e-2
 
-_state: dict[str, Any] = {"mode": "vllm", "status": "not installed", "stock": None}
+# gemm: the patch embedding and merger as matrix products (vision_gemm.py) inside the batched forward
+_state: dict[str, Any] = {"mode": "vllm", "status": "not installed", "stock": None, "gemm": True}
 _timing = {"passes": 0, "images": 0, "patches": 0, "wall_s": 0.0, "gpu_s": 0.0}
 _pending: list[tuple[Any, Any]] = []  # CUDA events of passes whose GPU time is not read yet
 _tables: dict[Any, Any] = {}  # device -> (flat table, channel offsets): byte pixels' values there
@@ -84,8 +88,12 @@ def batched_forward(self: Any, x: Any, grid_thw: list) -> list:
     lengths = image_lengths(grid_thw)
     if lengths is None or not _flash_attention(self):
         return _state["stock"](self, x, grid_thw)
+    gemm = _state["gemm"] and vision_gemm.fits(self)
     hidden = x.to(device=self.device, dtype=self.dtype)
-    hidden = self.embeddings(hidden, grid_thw).reshape(1, sum(lengths), -1)
+    if gemm:
+        hidden = vision_gemm.embed(self.embeddings, hidden, grid_thw)
+    else:
+        hidden = self.embeddings(hidden, grid_thw).reshape(1, sum(lengths), -1)
     cu_seqlens = torch.tensor(cumulative_lengths(lengths), dtype=torch.int32).to(self.device, non_blocking=True)
     # On the CPU: flash attention reads it with .item(), which must not wait for the GPU.
     max_seqlen = torch.tensor(max(lengths), dtype=torch.int32)
@@ -96,6 +104,8 @@ def batched_forward(self: Any, x: Any, grid_thw: list) -> list:
         out, _ = attn.o_proj(attn.attn(q, k, v, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen))
         hidden = hidden + out
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    if gemm:
+        return vision_gemm.merge(self.perceive, hidden, grid_thw)
     embeds = []
     for grid, (start, end) in zip(grid_thw, itertools.pairwise(cumulative_lengths(lengths))):
         embeds.append(self.perceive(hidden[:, start:end].contiguous(), size=grid[1:]).squeeze(0))
@@ -210,6 +220,7 @@ def install(mode: str | None = None) -> str:
         return _state["status"]
     if _state["stock"] is None:
         _state["stock"] = cls.forward
+    _state["gemm"] = os.environ.get(ENV_GEMM, "1") != "0"
     forward = batched_forward if mode == "batched" else _state["stock"]
     if os.environ.get(ENV_TIMING):
         forward = _timed(forward)
@@ -281,18 +292,35 @@ class VisionWorkerExtension:
             return self.hyocr_vision_status()
         visual = getattr(compat.worker_model(self), "visual", None)
         grids = [[1, 40, 64], [1, 76, 100], [1, 34, 22]]  # 1024x640, 1600x1216, 352x544 at 16-pixel patches
-        try:
-            error = compare_forwards(visual, grids)
-        except Exception as exc:  # a backend or shape this forward does not handle
+        gemm_note = ""
+        if _state["gemm"] and vision_gemm.fits(visual):
+            gemm_error = _self_test_error(visual, grids)
+            if isinstance(gemm_error, float) and gemm_error <= SELF_TEST_TOLERANCE:
+                _state["status"] = ("batched encoder active, patch embedding and merger as matrix products "
+                                    f"(self test: max relative difference {gemm_error:.1e})")
+                return {**self.hyocr_vision_status(), "error": gemm_error}
+            _state["gemm"] = False  # the layers batched still; the embedding and merger as vLLM has them
+            gemm_note = f"; its matrix-product embedding and merger left out ({gemm_error})"
+        error = _self_test_error(visual, grids)
+        if not isinstance(error, float):
             install("vllm")
-            _state["status"] = f"batched encoder failed its self test ({type(exc).__name__}: {exc}); vLLM's restored"
+            _state["status"] = f"batched encoder failed its self test ({error}); vLLM's restored{gemm_note}"
             return {**self.hyocr_vision_status(), "error": None}
         if not error <= SELF_TEST_TOLERANCE:
             install("vllm")
-            _state["status"] = f"batched encoder differs from vLLM's by {error:.2e}; vLLM's restored"
+            _state["status"] = f"batched encoder differs from vLLM's by {error:.2e}; vLLM's restored{gemm_note}"
         else:
-            _state["status"] = f"batched encoder active (self test: max relative difference {error:.1e})"
+            _state["status"] = f"batched encoder active (self test: max relative difference {error:.1e}){gemm_note}"
         return {**self.hyocr_vision_status(), "error": error}
+
+
+def _self_test_error(visual: Any, grids: list) -> float | str:
+    """compare_forwards' difference, or what failed (a backend or shape the forward does not handle)."""
+    try:
+        return compare_forwards(visual, grids)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
 
 install()  # on import, in the engine process (vLLM imports the extension before building the model)
 install_forward_defaults()
