@@ -51,13 +51,16 @@ engines_gpu.VARIANTS.update({
     "shared-api3-cores3": "--engines-per-gpu 3 --api-processes 3",  # one shared socket (HYOCR_SHARED_SOCKET)
     # FP8 KV cache (FA3 on Hopper; KV_CACHE_DTYPE, sized at a byte an element): session 23, +5% cards on three cores
     "fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8",
+    # the encoder's patch embedding and merger as vLLM has them (HYOCR_VISION_GEMM=0): session 24's A/B
+    "convs-fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8",
+    "convs": "",
 })
 # Variants that differ by the server's environment: "v2..." forces vLLM 0.26's V2 model runner, "v1" its V1 runner
 # (since session 20 hyocr leaves 0.26 its own choice, V2; vision.py gives HunYuanVL's forward the defaults V2 needs).
 # "mps..." runs the cores as clients of an MPS daemon the sitting started (kernels of several cores at once).
 VARIANT_ENV = {"v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
                "mps": {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps-pipe", "CUDA_MPS_LOG_DIRECTORY": "/tmp/mps-log"},
-               "shared": {"HYOCR_SHARED_SOCKET": "1"}}
+               "shared": {"HYOCR_SHARED_SOCKET": "1"}, "convs": {"HYOCR_VISION_GEMM": "0"}}
 CARD_LEVELS = [int(c) for c in os.environ.get("CARD_LEVELS", "1,32,64,128,192").split(",") if c]
 A4_LEVELS = [int(c) for c in os.environ.get("A4_LEVELS", "64,128").split(",") if c]
 PER_STREAM = {"card": 4, "a4": 2}

@@ -54,6 +54,19 @@ if [[ $part == diag ]]; then
   note "done"
   exit 0
 fi
+if [[ $part == measure ]]; then
+  note "three cores, three API processes, FP8 KV cache (the encoder's embedding and merger as matrix products)"
+  CARD_LEVELS=192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+fp8kv-api3-cores3"
+  note "vllm serve (official flags)"
+  CARD_LEVELS=192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve
+  note "one core on A4 pages, then the same with vLLM's convolutions (HYOCR_VISION_GEMM=0)"
+  CARD_LEVELS= A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
+  CARD_LEVELS= A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+convs"
+  note "three cores with vLLM's convolutions"
+  CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+convs-fp8kv-api3-cores3"
+  note "done"
+  exit 0
+fi
 note "a torch profile of one core, a card at a time"
 python3 benchmarks/gpu_profile.py "$out/profile-c1" --concurrency 1 --steps 300 > "$out/profile-c1.log" 2>&1
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('top_kernels'); print(json.dumps(d))" \
