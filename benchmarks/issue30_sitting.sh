@@ -54,6 +54,29 @@ if [[ $part == diag ]]; then
   note "done"
   exit 0
 fi
+if [[ $part == s24 ]]; then  # session 24's one sitting (~1250 s), the device budget after three refused starts
+  note "a torch profile of one core at c=64 (the encoder's embedding and merger as matrix products, new)"
+  python3 benchmarks/gpu_profile.py "$out/profile-c64" --concurrency 64 --steps 300 > "$out/profile-c64.log" 2>&1
+  grep -h "self test" "$out/profile-c64.log" | tail -1 | cut -c1-300 | tee -a "$out/sitting.txt"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('top_kernels'); print(json.dumps(d))" \
+    "$out/profile-c64/profile.json" | tee -a "$out/sitting.txt"
+  note "one core at c=64 under py-spy"
+  spy=$(ls /tmp/serve-site/bin/py-spy 2>/dev/null)
+  HYOCR_BENCH_PYSPY=$spy python3 benchmarks/request_time_breakdown.py "$out/diag" hyocr-vllm > "$out/diag.log" 2>&1
+  tail -60 "$out/diag.log" | tee -a "$out/sitting.txt"
+  note "three cores, three API processes, FP8 KV cache"
+  CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+fp8kv-api3-cores3"
+  note "vllm serve (official flags)"
+  CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve
+  note "one core on A4 pages, then the same with vLLM's convolutions (HYOCR_VISION_GEMM=0)"
+  CARD_LEVELS= A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
+  CARD_LEVELS= A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+convs"
+  note "one core with two API processes at c=64, then one core at c=64 and c=1"
+  CARD_LEVELS=64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api2"
+  CARD_LEVELS=64,1 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+v2"
+  note "done"
+  exit 0
+fi
 if [[ $part == measure ]]; then
   note "three cores, three API processes, FP8 KV cache (the encoder's embedding and merger as matrix products)"
   CARD_LEVELS=192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+fp8kv-api3-cores3"
