@@ -23,7 +23,7 @@ from typing import Any
 
 # Interpolated position tables kept per (module, grid, dtype), bounded by bytes: a card's is 5.9 MB (bf16)
 POSITION_CACHE_BYTES = 96 << 20
-PLAN_CACHE_ENTRIES = 256
+PLAN_CACHE_ENTRIES = 256  # per grid size: small numpy arrays
 _positions: OrderedDict = OrderedDict()
 _plans: OrderedDict = OrderedDict()
 
@@ -108,36 +108,45 @@ def window_weight(conv: Any) -> Any:
 
 
 def plan(grid_thw: list, s: int, device: Any) -> tuple:
-    """Gather indices for merge, kept per (grids, merge size, device): each image's s x s windows (rows in
-    (dy, dx) order), its window rows each followed by the newline row, and its begin/end rows."""
+    """Gather indices for merge: each image's s x s windows (rows in (dy, dx) order), its window rows each
+    followed by the newline row (after all windows), its begin/end rows (after all tokens); one host-to-device
+    copy that does not wait for the GPU (a pass's images vary, so they are composed each pass from per-grid
+    parts)."""
+    import numpy as np
     import torch
 
-    key = (tuple((int(h), int(w)) for _, h, w in grid_thw), s, device)
+    grids = [(int(h), int(w)) for _, h, w in grid_thw]
+    parts = [grid_plan(h, w, s) for h, w in grids]
+    n_blocks = sum(len(windows) // (s * s) for windows, _ in parts)
+    n_tokens = sum(len(rows) for _, rows in parts)
+    blocks, rows, out, sizes = [], [], [], []
+    patch0 = block0 = token0 = 0
+    for (h, w), (windows, image_rows) in zip(grids, parts):
+        blocks.append(windows + patch0)
+        rows.append(np.where(image_rows < 0, n_blocks, image_rows + block0))
+        out.append(np.concatenate([[n_tokens], np.arange(token0, token0 + len(image_rows)), [n_tokens + 1]]))
+        sizes.append(len(image_rows) + 2)
+        patch0, block0, token0 = patch0 + h * w, block0 + len(windows) // (s * s), token0 + len(image_rows)
+    flat = [np.concatenate(v) for v in (blocks, rows, out)]
+    on_device = torch.from_numpy(np.concatenate(flat).astype(np.int64)).to(device, non_blocking=True)
+    return (*on_device.split([len(v) for v in flat]), sizes)
+
+
+def grid_plan(h: int, w: int, s: int) -> tuple:
+    """One h x w image's window indices (patch rows, window by window, (dy, dx) inside) and token rows (window
+    indices row by row, -1 for each row's newline), kept per grid."""
+    import numpy as np
+
+    key = (h, w, s)
     found = _plans.get(key)
     if found is not None:
         _plans.move_to_end(key)
         return found
-    blocks, rows, out, sizes = [], [], [], []
-    patch0 = block0 = token0 = 0
-    n_blocks = sum((h // s) * (w // s) for h, w in key[0])
-    newline = n_blocks
-    n_tokens = sum((h // s) * (w // s + 1) for h, w in key[0])
-    begin, end = n_tokens, n_tokens + 1
-    for h, w in key[0]:
-        hb, wb = h // s, w // s
-        for i in range(hb):
-            for j in range(wb):
-                for dy in range(s):
-                    start = patch0 + (i * s + dy) * w + j * s
-                    blocks.extend(range(start, start + s))
-            rows.extend(range(block0 + i * wb, block0 + (i + 1) * wb))
-            rows.append(newline)
-        n = hb * (wb + 1)
-        out.extend([begin, *range(token0, token0 + n), end])
-        sizes.append(n + 2)
-        patch0, block0, token0 = patch0 + h * w, block0 + hb * wb, token0 + n
-    found = tuple(torch.tensor(v, dtype=torch.long).to(device) for v in (blocks, rows, out)) + (sizes,)
-    _plans[key] = found
+    hb, wb = h // s, w // s
+    i, j, dy, dx = np.ix_(np.arange(hb), np.arange(wb), np.arange(s), np.arange(s))
+    windows = ((i * s + dy) * w + j * s + dx).reshape(-1)
+    rows = np.concatenate([np.arange(hb * wb).reshape(hb, wb), np.full((hb, 1), -1)], axis=1).reshape(-1)
+    found = _plans[key] = (windows, rows)
     if len(_plans) > PLAN_CACHE_ENTRIES:
         _plans.popitem(last=False)
     return found
