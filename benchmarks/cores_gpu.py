@@ -54,13 +54,24 @@ engines_gpu.VARIANTS.update({
     # the encoder's patch embedding and merger as vLLM has them (HYOCR_VISION_GEMM=0): session 24's A/B
     "convs-fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8",
     "convs": "",
+    # session 24's py-spy (NOTES entry 33): the core's batching of byte pixels into reused pinned buffers
+    # (HYOCR_PIXEL_STAGING=ring), and CUDA graphs for the prefill steps' token counts (up to 8192; vLLM's default
+    # stops at 2 x MAX_NUM_SEQS = 128, so every step with a prefill ran inductor's wrappers eagerly)
+    "ring": "",
+    "ring-fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8",
+    "graphs": "--vllm-args GRAPHS",
+    "graphs-fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8 --vllm-args GRAPHS",
 })
+GRAPH_SIZES = '{"compilation_config":{"cudagraph_capture_sizes":[1,2,4,8,16,24,32,40,48,56,64,72,80,88,96,104,112,120,128,136,144,152,160,168,176,184,192,200,208,216,224,232,240,248,256,272,288,304,320,336,352,368,384,400,416,432,448,464,480,496,512,640,768,1024,1280,1536,2048,2560,3072,4096,5120,6144,8192]}}'
+for _name in ("graphs", "graphs-fp8kv-api3-cores3"):
+    engines_gpu.VARIANTS[_name] = engines_gpu.VARIANTS[_name].replace("GRAPHS", GRAPH_SIZES)
 # Variants that differ by the server's environment: "v2..." forces vLLM 0.26's V2 model runner, "v1" its V1 runner
 # (since session 20 hyocr leaves 0.26 its own choice, V2; vision.py gives HunYuanVL's forward the defaults V2 needs).
 # "mps..." runs the cores as clients of an MPS daemon the sitting started (kernels of several cores at once).
 VARIANT_ENV = {"v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
                "mps": {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps-pipe", "CUDA_MPS_LOG_DIRECTORY": "/tmp/mps-log"},
-               "shared": {"HYOCR_SHARED_SOCKET": "1"}, "convs": {"HYOCR_VISION_GEMM": "0"}}
+               "shared": {"HYOCR_SHARED_SOCKET": "1"}, "convs": {"HYOCR_VISION_GEMM": "0"},
+               "ring": {"HYOCR_PIXEL_STAGING": "ring"}}
 CARD_LEVELS = [int(c) for c in os.environ.get("CARD_LEVELS", "1,32,64,128,192").split(",") if c]
 A4_LEVELS = [int(c) for c in os.environ.get("A4_LEVELS", "64,128").split(",") if c]
 PER_STREAM = {"card": 4, "a4": 2}

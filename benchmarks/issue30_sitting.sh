@@ -54,6 +54,25 @@ if [[ $part == diag ]]; then
   note "done"
   exit 0
 fi
+if [[ $part == s25 ]]; then  # session 25: NOTES entry 33's two leads, each beside the defaults (~1400 s)
+  note "one core at c=64, the core's byte-pixel batching timed (the encoder timing file), vLLM's own, then the ring"
+  python3 benchmarks/request_time_breakdown.py "$out/diag" hyocr-vllm > "$out/diag.log" 2>&1
+  grep -o '"encoder": {[^}]*}' "$out/diag.log" | tee -a "$out/sitting.txt"
+  HYOCR_PIXEL_STAGING=ring python3 benchmarks/request_time_breakdown.py "$out/diag-ring" hyocr-vllm > "$out/diag-ring.log" 2>&1
+  grep -o '"encoder": {[^}]*}' "$out/diag-ring.log" | tee -a "$out/sitting.txt"
+  note "one core at c=64: defaults, reused pinned buffers, CUDA graphs up to 8192 tokens, two API processes"
+  for v in hyocr-vllm+v2 hyocr-vllm+ring hyocr-vllm+graphs hyocr-vllm+api2; do
+    CARD_LEVELS=64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "$v"
+  done
+  note "three cores, three API processes, FP8 KV: defaults, ring, graphs"
+  for v in fp8kv-api3-cores3 ring-fp8kv-api3-cores3 graphs-fp8kv-api3-cores3; do
+    CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+$v"
+  done
+  note "vllm serve (official flags)"
+  CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve
+  note "done"
+  exit 0
+fi
 if [[ $part == s24 ]]; then  # session 24's one sitting (~1250 s), the device budget after three refused starts
   note "a torch profile of one core at c=64 (the encoder's embedding and merger as matrix products, new)"
   python3 benchmarks/gpu_profile.py "$out/profile-c64" --concurrency 64 --steps 300 > "$out/profile-c64.log" 2>&1

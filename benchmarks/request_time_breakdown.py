@@ -284,6 +284,12 @@ def run_target(target: str, out: Path) -> dict:
                 "wall_ms_per_image": round(1000 * d["wall_s"] / max(1, d["images"]), 2),
                 "gpu_ms_per_image": round(1000 * d["gpu_s"] / max(1, d["images"]), 2),
                 "wall_share": round(d["wall_s"] / span, 3) if span > 0 else None}
+            if "batch_passes" in encoder_after:  # the core batching byte pixels (engines/vllm/staging.py)
+                b = {k: encoder_after[k] - encoder_before.get(k, 0) for k in ("batch_passes", "batch_bytes", "batch_s")}
+                result["encoder"].update(
+                    batch_ms_per_pass=round(1000 * b["batch_s"] / max(1, b["batch_passes"]), 2),
+                    batch_mb_per_pass=round(b["batch_bytes"] / 2**20 / max(1, b["batch_passes"]), 1),
+                    batch_share=round(b["batch_s"] / span, 3) if span > 0 else None)
         doc = json.loads((out / f"diag-{WORKLOAD}-{name}.json").read_text())
         level = doc["levels"][-1]
         result["bench"] = {k: level[k] for k in ("throughput_rps", "latency_p50_s", "latency_p99_s", "ttft_p50_s",

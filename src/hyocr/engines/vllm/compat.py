@@ -236,6 +236,17 @@ def hf_processor_call_class() -> Any:
     return InputProcessingContext if hasattr(InputProcessingContext, "call_hf_processor") else None
 
 
+def flat_field_class() -> Any:
+    """vLLM's ``MultiModalFlatField``, whose ``_reduce_data(batch, *, pin_memory)`` batches an encoder pass's
+    pixel rows in the engine core (vllm/multimodal/inputs.py, 0.26 and 0.32): staging.py times and stages it.
+    None where it moved."""
+    try:
+        from vllm.multimodal.inputs import MultiModalFlatField
+    except ImportError:
+        return None
+    return MultiModalFlatField if hasattr(MultiModalFlatField, "_reduce_data") else None
+
+
 def core_stat_loggers(indexes: list[int]) -> dict[int, Any]:
     """vLLM stat-logger classes for the engine cores ``indexes`` of one process (engines/vllm/cores.py), one
     per core, for ``AsyncLLM(stat_loggers=[...])``. vLLM's PrometheusStatLogger unregisters every ``vllm:*``
