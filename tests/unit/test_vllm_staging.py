@@ -62,6 +62,8 @@ def test_the_concat_is_vllms_and_buffers_grow_in_steps():
 
 def test_rows_of_other_widths_or_another_dimension_take_vllms_path():
     r = ring([], [])
+    empty_first = [torch.zeros(0, 12, dtype=torch.uint8), *cards(1)]
+    assert torch.equal(staging.concat_into(r, empty_first, 0), torch.concat(empty_first))
     assert staging.concat_into(r, [torch.zeros(2, 4, dtype=torch.uint8), torch.zeros(2, 5, dtype=torch.uint8)], 0) is None
     assert staging.concat_into(r, cards(2), 1) is None
 
@@ -96,3 +98,23 @@ def test_nothing_asked_leaves_vllm_alone(flat_field):
     assert staging.install(None, None) == "batching left as is"
     assert flat_field._reduce_data is before
     assert staging.ring_from_env() is None
+
+
+def test_only_byte_tensors_on_the_cpu_are_staged(flat_field):
+    calls, timing = [], {}
+    staging._original["reduce"] = lambda self, batch, *, pin_memory: calls.append(pin_memory) or torch.concat(batch)
+    staging.install(timing, ring([], []))
+    field = flat_field(slices=[slice(0, 8), slice(8, 16)], dim=0)
+    floats = [torch.randn(8, 12), torch.randn(8, 12)]
+    assert torch.equal(field._reduce_data(floats, pin_memory=True), torch.concat(floats))
+    assert calls == [True] and "batch_passes" not in timing  # vLLM's own, untimed
+
+
+def test_timing_alone_returns_vllms_result(flat_field):
+    timing = {}
+    staging._original["reduce"] = lambda self, batch, *, pin_memory: torch.concat(batch)  # vLLM's, less the pinning
+    assert staging.install(timing, None) == "byte pixel batching timed"
+    field = flat_field(slices=[slice(0, 8), slice(8, 16)], dim=0)
+    batch = cards(2)
+    assert torch.equal(field._reduce_data(batch, pin_memory=True), torch.concat(batch))
+    assert timing["batch_passes"] == 1 and timing["batch_bytes"] == 192

@@ -93,6 +93,7 @@ class Visual(nn.Module):
 
 GRIDS = [
     [[1, 4, 6]],
+    [[1, 5, 7], [1, 3, 3]],  # odd: the merger's last row and column dropped, as vLLM's convolution does
     [[1, 4, 6], [1, 8, 2], [1, 2, 2]],
     [[1, 6, 10]] * 3,
     [[1, 12, 8], [1, 4, 6], [1, 12, 8]],
@@ -194,4 +195,63 @@ def test_caches_are_bounded(visual, monkeypatch):
             vision_gemm.embed(visual.embeddings, pixels_for(grids), grids)
             vision_gemm.merge(visual.perceive, torch.randn(1, h * 6, D), grids)
     assert len(vision_gemm._plans) == 3
-    assert [key[1:3] for key in vision_gemm._positions] == [(8, 6), (10, 6)]  # the newest that fit the bound
+    assert [key[2:4] for key in vision_gemm._positions] == [(8, 6), (10, 6)]  # the newest that fit the bound
+
+
+def test_embed_in_bf16_casts_the_float32_table_as_vllm_does(visual):
+    visual = visual.to(torch.bfloat16)
+    grids = [[1, 4, 6], [1, 6, 4]]
+    pixels = pixels_for(grids).to(torch.bfloat16)
+    with torch.no_grad():
+        expected = visual.embeddings(pixels, grids)
+        got = vision_gemm.embed(visual.embeddings, pixels, grids)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+
+
+class Extension(vllm_vision.VisionWorkerExtension):
+    def __init__(self, visual):
+        self.model_runner = type("Runner", (), {"model": type("Model", (), {"visual": visual})()})()
+
+
+@pytest.fixture
+def self_test(visual, monkeypatch):
+    """The start-up self test on the modules above with no layers (vLLM 0.26's forward as the stock one)."""
+    def stock(self, x, grid_thw):
+        hidden = self.embeddings(x, grid_thw)
+        out, start = [], 0
+        for _, h, w in grid_thw:
+            out.append(self.perceive(hidden[:, start:start + h * w].contiguous(), size=(h, w)).squeeze(0))
+            start += h * w
+        return out
+
+    for key, value in {"stock": stock, "gemm": True, "mode": "batched", "status": "batched encoder installed"}.items():
+        monkeypatch.setitem(vllm_vision._state, key, value)
+    monkeypatch.setattr(vllm_vision, "_flash_attention", lambda visual: True)
+    monkeypatch.setattr(vllm_vision.compat, "worker_model", lambda worker: worker.model_runner.model)
+    monkeypatch.setattr(vllm_vision, "install", lambda mode=None: vllm_vision._state.update(mode=mode))
+    return Extension(visual)
+
+
+def test_the_self_test_keeps_the_matrix_products_when_they_agree(self_test):
+    report = self_test.hyocr_vision_self_test()
+    assert report["mode"] == "batched" and vllm_vision._state["gemm"]
+    assert "as matrix products" in report["status"] and report["error"] < 1e-5
+
+
+def test_a_disagreeing_merger_is_left_out_and_the_layers_stay_batched(self_test, monkeypatch):
+    merge = vision_gemm.merge
+    monkeypatch.setattr(vision_gemm, "merge", lambda *a: [t + 1 for t in merge(*a)])
+    report = self_test.hyocr_vision_self_test()
+    assert report["mode"] == "batched" and not vllm_vision._state["gemm"]
+    assert "left out (differs from vLLM's by" in report["status"] and report["error"] < 1e-5
+
+
+def test_a_raising_embedding_is_left_out_with_its_error(self_test, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no such shape")
+
+    monkeypatch.setattr(vision_gemm, "embed", broken)
+    report = self_test.hyocr_vision_self_test()
+    assert report["mode"] == "batched" and not vllm_vision._state["gemm"]
+    assert "left out (RuntimeError: no such shape)" in report["status"]

@@ -14,10 +14,14 @@ in as it is written). So, in the engine process (vision.py installs it, with the
   and a buffer's last event is waited for before it is written (with three buffers, two passes ago).
 
 Anything else (floats, several dimensions differing, no pinning: vLLM's CPU platform) takes vLLM's own path.
+The ring relies on what vLLM 0.26-0.32 do: the engine core's one thread reduces a field and queues its copy to the
+GPU right after (``reduce_data`` -> ``_nested_tensors_h2d``) on the stream current at the next reduce, and keeps
+no reference to the CPU batch; a vLLM that copied on a side stream would need the event recorded there.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -77,7 +81,7 @@ def concat_into(ring: PinnedRing, batch: list, dim: int) -> Any:
     if dim != 0 or any(t.dim() != first.dim() or t.shape[1:] != first.shape[1:] for t in batch):
         return None
     rows = sum(int(t.shape[0]) for t in batch)
-    out = ring.take(rows * first[0].numel() if first.dim() > 1 else rows).view(rows, *first.shape[1:])
+    out = ring.take(rows * math.prod(first.shape[1:])).view(rows, *first.shape[1:])
     return torch.concat(batch, dim=0, out=out)
 
 

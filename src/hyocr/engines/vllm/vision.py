@@ -92,7 +92,11 @@ def batched_forward(self: Any, x: Any, grid_thw: list) -> list:
     gemm = _state["gemm"] and vision_gemm.fits(self)
     hidden = x.to(device=self.device, dtype=self.dtype)
     if gemm:
-        hidden = vision_gemm.embed(self.embeddings, hidden, grid_thw)
+        try:
+            hidden = vision_gemm.embed(self.embeddings, hidden, grid_thw)
+        except (RuntimeError, ValueError, IndexError) as exc:  # a shape it does not handle: vLLM's parts from now
+            _gemm_failed(exc)
+            return batched_forward(self, x, grid_thw)
     else:
         hidden = self.embeddings(hidden, grid_thw).reshape(1, sum(lengths), -1)
     cu_seqlens = torch.tensor(cumulative_lengths(lengths), dtype=torch.int32).to(self.device, non_blocking=True)
@@ -106,11 +110,21 @@ def batched_forward(self: Any, x: Any, grid_thw: list) -> list:
         hidden = hidden + out
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     if gemm:
-        return vision_gemm.merge(self.perceive, hidden, grid_thw)
+        try:
+            return vision_gemm.merge(self.perceive, hidden, grid_thw)
+        except (RuntimeError, ValueError, IndexError) as exc:
+            _gemm_failed(exc)
     embeds = []
     for grid, (start, end) in zip(grid_thw, itertools.pairwise(cumulative_lengths(lengths))):
         embeds.append(self.perceive(hidden[:, start:end].contiguous(), size=grid[1:]).squeeze(0))
     return embeds
+
+
+def _gemm_failed(exc: BaseException) -> None:
+    """The matrix-product embedding or merger raised (never seen; a guard): vLLM's parts for the rest of the run."""
+    _state["gemm"] = False
+    _state["gemm_error"] = f"{type(exc).__name__}: {exc}"
+    _state["status"] += f"; matrix-product embedding and merger turned off ({_state['gemm_error']})"
 
 
 def _flash_attention(visual: Any) -> bool:
@@ -219,9 +233,9 @@ def install(mode: str | None = None) -> str:
     if cls is None:
         _state.update(status="vLLM has no native HunYuanVL encoder here (transformers backend): left as is")
         return _state["status"]
-    if _state["stock"] is None:
+    if _state["stock"] is None:  # the first install, on import: a later one (a fallback) keeps what was found
         _state["stock"] = cls.forward
-    _state["gemm"] = os.environ.get(ENV_GEMM, "1") != "0"
+        _state["gemm"] = os.environ.get(ENV_GEMM, "1") != "0"
     forward = batched_forward if mode == "batched" else _state["stock"]
     if os.environ.get(ENV_TIMING):
         forward = _timed(forward)
@@ -296,11 +310,15 @@ class VisionWorkerExtension:
         gemm_note = ""
         if _state["gemm"] and vision_gemm.fits(visual):
             gemm_error = _self_test_error(visual, grids)
-            if isinstance(gemm_error, float) and gemm_error <= SELF_TEST_TOLERANCE:
+            if not _state["gemm"]:  # it raised inside the forward, which went on with vLLM's parts
+                gemm_error = _state.get("gemm_error")
+            elif isinstance(gemm_error, float) and gemm_error <= SELF_TEST_TOLERANCE:
                 _state["status"] = ("batched encoder active, patch embedding and merger as matrix products "
                                     f"(self test: max relative difference {gemm_error:.1e})")
                 return {**self.hyocr_vision_status(), "error": gemm_error}
             _state["gemm"] = False  # the layers batched still; the embedding and merger as vLLM has them
+            if isinstance(gemm_error, float):
+                gemm_error = f"differs from vLLM's by {gemm_error:.2e}"
             gemm_note = f"; its matrix-product embedding and merger left out ({gemm_error})"
         error = _self_test_error(visual, grids)
         if not isinstance(error, float):

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from typing import Any
 
 # Interpolated position tables kept per (module, grid, dtype), bounded by bytes: a card's is 5.9 MB (bf16)
-POSITION_CACHE_BYTES = 96 << 20
+POSITION_CACHE_BYTES = 32 << 20  # outside vLLM's memory profile: kept small (five card sizes, one or two pages)
 PLAN_CACHE_ENTRIES = 256  # per grid size: small numpy arrays
 _positions: OrderedDict = OrderedDict()
 _plans: OrderedDict = OrderedDict()
@@ -35,14 +35,21 @@ def fits(visual: Any) -> bool:
     embed, merger = getattr(visual, "embeddings", None), getattr(visual, "perceive", None)
     conv = getattr(embed, "patch_embedding", None)
     proj = getattr(merger, "proj", None)
-    if not isinstance(conv, torch.nn.Conv2d) or conv.kernel_size != conv.stride or conv.padding != (0, 0):
-        return False
     if not hasattr(embed, "position_embedding") or not isinstance(proj, torch.nn.Sequential) or len(proj) != 3:
         return False
     down, up = proj[0], proj[2]
-    return (isinstance(down, torch.nn.Conv2d) and down.kernel_size == down.stride == (merger.spatial_merge_size,) * 2
-            and down.padding == (0, 0) and isinstance(up, torch.nn.Conv2d) and up.kernel_size == (1, 1)
+    if not all(_plain_window(c) for c in (conv, down, up)):
+        return False
+    return (down.kernel_size == (merger.spatial_merge_size,) * 2 and up.kernel_size == (1, 1)
             and all(hasattr(merger, n) for n in ("mlp", "before_rms", "after_rms", "image_newline", "image_begin")))
+
+
+def _plain_window(conv: Any) -> bool:
+    """A convolution that is a matrix product over each window: stride = kernel, no padding, dilation, groups."""
+    import torch
+
+    return (isinstance(conv, torch.nn.Conv2d) and conv.stride == conv.kernel_size and conv.padding == (0, 0)
+            and conv.dilation == (1, 1) and conv.groups == 1)
 
 
 def embed(embeddings: Any, pixels: Any, grid_thw: list) -> Any:
@@ -61,7 +68,8 @@ def position_table(embeddings: Any, h: int, w: int, dtype: Any) -> Any:
     """The position embedding interpolated to an h x w grid, as vLLM 0.26 computes it (float32, then dtype)."""
     import torch
 
-    key = (id(embeddings), h, w, dtype)
+    # hyocr never reloads weights in place; the weight's address is in the key for a module rebuilt at the same id
+    key = (id(embeddings), embeddings.position_embedding.weight.data_ptr(), h, w, dtype)
     found = _positions.get(key)
     if found is not None:
         _positions.move_to_end(key)
@@ -94,17 +102,14 @@ def merge(merger: Any, hidden: Any, grid_thw: list) -> list:
     y = merger.mlp(y)
     ends = torch.stack([merger.image_begin, merger.image_end]).to(y.dtype)
     y = merger.after_rms(torch.cat([y, ends])[out])
-    return list(y.split(sizes))
+    # each image its own tensor, as vLLM's merger gives: the encoder cache frees them one by one
+    return [part.clone() for part in y.split(sizes)]
 
 
 def window_weight(conv: Any) -> Any:
-    """The window convolution's weight (out, C, dy, dx) as (out, dy * dx * C): the order of a gathered
-    window's rows; made once per weight tensor."""
-    kept = getattr(conv, "_hyocr_window_weight", None)
-    if kept is None or kept[0] != conv.weight.data_ptr():
-        kept = (conv.weight.data_ptr(), conv.weight.permute(0, 2, 3, 1).reshape(conv.out_channels, -1).contiguous())
-        conv._hyocr_window_weight = kept
-    return kept[1]
+    """The window convolution's weight (out, C, dy, dx) as (out, dy * dx * C): the order of a gathered window's
+    rows. Made each pass (a 21 MB copy on the GPU, microseconds): nothing to go stale if weights are reloaded."""
+    return conv.weight.permute(0, 2, 3, 1).reshape(conv.out_channels, -1)
 
 
 def plan(grid_thw: list, s: int, device: Any) -> tuple:
