@@ -3,8 +3,8 @@
 Before each encoder pass vLLM concatenates the pass's images' pixel rows into a freshly allocated pinned buffer
 (``MultiModalFlatField._reduce_data``, ``torch.concat(out=pinned)``) on the engine core's only thread, then copies
 it to the GPU. A py-spy of one core at c=64 (H100, benchmarks/NOTES.md entry 33) put 15% of that thread there,
-~9 ms for ~11 MB of bytes a pass, where a concat into memory written before takes ~1 ms (fresh memory is paged
-in as it is written). So, in the engine process (vision.py installs it, with the encoder):
+~9 ms for ~11 MB of bytes a pass, where a concat into memory written before takes ~1 ms on a CPU here (the cause
+on the device is open). So, in the engine process (vision.py installs it, with the encoder):
 
 - with ``HYOCR_ENCODER_TIMING_FILE`` set, the batching of byte pixels is timed (passes, bytes, seconds) into the
   encoder's timing file: what benchmarks/request_time_breakdown.py reports as the core's batching cost;
