@@ -51,9 +51,7 @@ engines_gpu.VARIANTS.update({
     "shared-api3-cores3": "--engines-per-gpu 3 --api-processes 3",  # one shared socket (HYOCR_SHARED_SOCKET)
     # FP8 KV cache (FA3 on Hopper; KV_CACHE_DTYPE, sized at a byte an element): session 23, +5% cards on three cores
     "fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8",
-    # the encoder's patch embedding and merger as vLLM has them (HYOCR_VISION_GEMM=0): session 24's A/B
-    "convs-fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8",
-    "convs": "",
+    "convs": "",  # the encoder's patch embedding and merger as vLLM has them (HYOCR_VISION_GEMM=0): session 24's A/B
     # session 24's py-spy (NOTES entry 33): the core's batching of byte pixels into reused pinned buffers
     # (HYOCR_PIXEL_STAGING=ring), and CUDA graphs for the prefill steps' token counts (up to 8192; vLLM's default
     # stops at 2 x MAX_NUM_SEQS = 128, so every step with a prefill ran inductor's wrappers eagerly)

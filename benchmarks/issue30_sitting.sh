@@ -4,9 +4,9 @@
 # then, back to back (the machine goes back after 30 s idle):
 #   run 1, carry [.stage/c1]:           mkdir -p /tmp/stage && cp .stage/c1/* /tmp/stage/
 #   run 2, carry [.stage/c2, .stage/c3]: source .stage/c2/install.sh || exit 9; cp -r .stage/c3 /tmp/c3;
-#        (C3=/tmp/c3 setsid nohup bash benchmarks/issue30_sitting.sh /tmp/s24 > /tmp/s24.log 2>&1 &);
-#        sleep 560; cat /tmp/s24/sitting.txt; tar czf $OUT/s24.tgz --exclude="*.pt.trace.json.gz" -C /tmp s24 s24.log
-#   run 3.., no carry:                  sleep 560; cat /tmp/s24/sitting.txt; tar czf $OUT/s24.tgz --exclude="*.pt.trace.json.gz" -C /tmp s24 s24.log
+#        (C3=/tmp/c3 setsid nohup bash benchmarks/issue30_sitting.sh /tmp/s25 s25 > /tmp/s25.log 2>&1 &);
+#        sleep 560; cat /tmp/s25/sitting.txt; tar czf $OUT/s25.tgz --exclude="*.pt.trace.json.gz" -C /tmp s25 s25.log
+#   run 3.., no carry:                  sleep 560; cat /tmp/s25/sitting.txt; tar czf $OUT/s25.tgz --exclude="*.pt.trace.json.gz" -C /tmp s25 s25.log
 # (the tar in every call: a sitting cut short still brings back what it measured). Every target through benchmarks/cores_gpu.py (one
 # bench call per level, GPU busy and each process's CPU recorded), HunyuanOCR 1.0 architecture, random weights.
 # C3 (default .stage/c3) holds the wheels vllm serve needs beyond the bundle (DEVICE.md), plus httptools (cp312),
@@ -22,38 +22,14 @@ started=$(date +%s)
 elapsed() { echo $(( $(date +%s) - started )); }
 note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 
-# Order (session 24; sessions 22-23 ran one, three and four cores, MPS, the port group against the shared socket,
-# FP8 KV on three cores and both `vllm serve`s: docs/benchmarks.md): a torch profile of one core at c=1 (NOTES, session
-# 23: the c=1 step follows the host's CPU; where do its 1.7-2.4 ms go), one core at c=64 under py-spy (C3 carries
-# its wheel: where the core's CPU goes a step, the GPU idle half the time), three cores with an FP8 KV cache at
-# c=64-256, the official `vllm serve` at the same levels and c=1, one core (c=1, A4 c=64), one core with two API
-# processes at c=64 (the port group there, new in session 23), three cores without FP8 at c=256, then `vllm serve
-# --api-server-count 4` (~1550 s in all, by session 23's starts and levels). Each hyocr run records which processes
-# hold a CUDA context. C3's uvloop and httptools are what hyocr's uvicorn[standard] installs for a user: every
-# target runs with them.
+# Parts: s25, the next sitting (NOTES entry 34: the core's pixel batching timed and staged in reused pinned buffers,
+# CUDA graphs for prefill-sized steps, each beside the defaults, then `vllm serve`); s24, what session 24 ran
+# (docs/benchmarks.md "H100, session 24"). C3's uvloop and httptools are what hyocr's uvicorn[standard] installs for
+# a user: every target runs with them. The device bundle's parts: c1 56 MiB, c2 the rest (the checkout is ~4 MB,
+# one call carries 64 MiB).
 [ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
 export PYTHONPATH="$PYTHONPATH:/tmp/serve-site"
-part=${2:-all}  # diag (session 24's first sitting: where one core's time goes), measure, or all
-if [[ $part == diag ]]; then
-  note "a torch profile of one core at c=64 (the encoder's embedding and merger as matrix products, new)"
-  python3 benchmarks/gpu_profile.py "$out/profile-c64" --concurrency 64 --steps 300 > "$out/profile-c64.log" 2>&1
-  grep -h "self test" "$out/profile-c64.log" | tail -1 | cut -c1-300 | tee -a "$out/sitting.txt"
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('top_kernels'); print(json.dumps(d))" \
-    "$out/profile-c64/profile.json" | tee -a "$out/sitting.txt"
-  note "one core at c=64 under py-spy"
-  spy=$(ls /tmp/serve-site/bin/py-spy 2>/dev/null)
-  HYOCR_BENCH_PYSPY=$spy python3 benchmarks/request_time_breakdown.py "$out/diag" hyocr-vllm > "$out/diag.log" 2>&1
-  tail -60 "$out/diag.log" | tee -a "$out/sitting.txt"
-  note "one core at c=1 and c=64, then with two API processes at c=64"
-  CARD_LEVELS=1,64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
-  CARD_LEVELS=64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api2"
-  note "a torch profile of one core, a card at a time"
-  python3 benchmarks/gpu_profile.py "$out/profile-c1" --concurrency 1 --steps 300 > "$out/profile-c1.log" 2>&1
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('top_kernels'); print(json.dumps(d))" \
-    "$out/profile-c1/profile.json" | tee -a "$out/sitting.txt"
-  note "done"
-  exit 0
-fi
+part=${2:-s25}  # s25 (the next sitting) or s24 (session 24's, run)
 if [[ $part == s25 ]]; then  # session 25: NOTES entry 33's two leads, each beside the defaults (~1400 s)
   note "one core at c=64, the core's byte-pixel batching timed (the encoder timing file), vLLM's own, then the ring"
   python3 benchmarks/request_time_breakdown.py "$out/diag" hyocr-vllm > "$out/diag.log" 2>&1
@@ -96,45 +72,4 @@ if [[ $part == s24 ]]; then  # session 24's one sitting (~1250 s), the device bu
   note "done"
   exit 0
 fi
-if [[ $part == measure ]]; then
-  note "three cores, three API processes, FP8 KV cache (the encoder's embedding and merger as matrix products)"
-  CARD_LEVELS=192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+fp8kv-api3-cores3"
-  note "vllm serve (official flags)"
-  CARD_LEVELS=192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve
-  note "one core on A4 pages, then the same with vLLM's convolutions (HYOCR_VISION_GEMM=0)"
-  CARD_LEVELS= A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
-  CARD_LEVELS= A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+convs"
-  note "three cores with vLLM's convolutions"
-  CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+convs-fp8kv-api3-cores3"
-  note "done"
-  exit 0
-fi
-note "a torch profile of one core, a card at a time"
-python3 benchmarks/gpu_profile.py "$out/profile-c1" --concurrency 1 --steps 300 > "$out/profile-c1.log" 2>&1
-python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d.pop('top_kernels'); print(json.dumps(d))" \
-  "$out/profile-c1/profile.json" | tee -a "$out/sitting.txt"
-
-note "one core at c=64 without a profiler: py-spy of the core's threads, the encoder's timings, GPU busy"
-# (session 23: one core at c=64 leaves the GPU idle ~half the time; where the core's CPU goes a step)
-spy=$(ls /tmp/serve-site/bin/py-spy 2>/dev/null)
-HYOCR_BENCH_PYSPY=$spy python3 benchmarks/request_time_breakdown.py "$out/diag" hyocr-vllm > "$out/diag.log" 2>&1
-tail -40 "$out/diag.log" | tee -a "$out/sitting.txt"
-
-note "three cores, three API processes, FP8 KV cache"
-CARD_LEVELS=64,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+fp8kv-api3-cores3"
-
-note "vllm serve (official flags)"
-CARD_LEVELS=1,64,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve
-
-note "one core"
-CARD_LEVELS=1 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
-
-note "one core, two API processes sharing it (each on its own socket of the port's group since session 23)"
-CARD_LEVELS=64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api2"
-
-note "three cores, three API processes (bf16 KV)"
-CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+api3-cores3"
-
-note "vllm serve --api-server-count 4"
-CARD_LEVELS=192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve+api4
-note "done"
+echo "unknown part: $part (s25, the next sitting; s24, the one session 24 ran)"; exit 2

@@ -149,15 +149,17 @@ def test_the_window_order_matters(visual):
     assert not torch.allclose(got, expected, atol=1e-3)
 
 
-def test_the_batched_forward_uses_them_and_matches_vllms(visual, monkeypatch):
-    def stock(self, x, grid_thw):  # vLLM 0.26's forward with no layers: embed, then merge image by image
-        hidden = self.embeddings(x, grid_thw)
-        out, start = [], 0
-        for _, h, w in grid_thw:
-            out.append(self.perceive(hidden[:, start:start + h * w].contiguous(), size=(h, w)).squeeze(0))
-            start += h * w
-        return out
+def stock(self, x, grid_thw):
+    """vLLM 0.26's HunYuanVisionTransformer.forward with no layers: embed, then merge image by image."""
+    hidden = self.embeddings(x, grid_thw)
+    out, start = [], 0
+    for _, h, w in grid_thw:
+        out.append(self.perceive(hidden[:, start:start + h * w].contiguous(), size=(h, w)).squeeze(0))
+        start += h * w
+    return out
 
+
+def test_the_batched_forward_uses_them_and_matches_vllms(visual, monkeypatch):
     monkeypatch.setitem(vllm_vision._state, "stock", stock)
     monkeypatch.setitem(vllm_vision._state, "gemm", True)
     monkeypatch.setattr(vllm_vision, "_flash_attention", lambda visual: True)
@@ -217,14 +219,6 @@ class Extension(vllm_vision.VisionWorkerExtension):
 @pytest.fixture
 def self_test(visual, monkeypatch):
     """The start-up self test on the modules above with no layers (vLLM 0.26's forward as the stock one)."""
-    def stock(self, x, grid_thw):
-        hidden = self.embeddings(x, grid_thw)
-        out, start = [], 0
-        for _, h, w in grid_thw:
-            out.append(self.perceive(hidden[:, start:start + h * w].contiguous(), size=(h, w)).squeeze(0))
-            start += h * w
-        return out
-
     for key, value in {"stock": stock, "gemm": True, "mode": "batched", "status": "batched encoder installed"}.items():
         monkeypatch.setitem(vllm_vision._state, key, value)
     monkeypatch.setattr(vllm_vision, "_flash_attention", lambda visual: True)
