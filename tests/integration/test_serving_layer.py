@@ -184,7 +184,10 @@ def test_a_dead_engine_is_detected_in_flight_requests_fail_fast_and_it_is_restar
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         in_flight = pool.submit(requests.post, f"{server.url}/v1/ocr",
                                 json={"image": IMAGE, "task": "vqa", "question": "[[fake:hang]]"}, timeout=30)
-        time.sleep(0.3)
+        wait_until = time.monotonic() + 10  # in the engine (preparing an image can take a while on a loaded machine)
+        while not engine.active:
+            assert time.monotonic() < wait_until, "the request never reached the engine"
+            time.sleep(0.02)
         engine.kill()  # the engine process "dies" with a request in it
         started = time.monotonic()
         r = in_flight.result()
