@@ -16,6 +16,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..errors import BodyTimeout, PayloadTooLarge
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# A refused body is read and dropped up to these bounds before the answer: a server that answers and closes while
+# the client is still sending resets the connection (unread bytes in its socket), and the client's TCP stack then
+# throws the 413 away. Past the bounds (a hostile or huge upload) the answer goes out anyway.
+DRAIN_BYTES = 16 << 20
+DRAIN_SECONDS = 5.0
 
 
 async def send_json_error(
@@ -52,6 +57,22 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+async def drain(receive: Receive) -> None:
+    """Read and drop the rest of a request body, bounded by DRAIN_BYTES and DRAIN_SECONDS."""
+    seen = 0
+    try:
+        async with asyncio.timeout(DRAIN_SECONDS):
+            while seen <= DRAIN_BYTES:
+                msg = await receive()
+                if msg["type"] != "http.request":
+                    return
+                seen += len(msg.get("body", b""))
+                if not msg.get("more_body", False):
+                    return
+    except TimeoutError:
+        return
+
+
 class BodyLimitMiddleware:
     """413 from Content-Length before reading; mid-stream for chunked bodies that grow past the cap.
     408 for a body that has not arrived ``timeout`` seconds after its headers: without it a client that
@@ -78,6 +99,10 @@ class BodyLimitMiddleware:
                 await send_json_error(send, 400, "invalid Content-Length header", "bad_request")
                 return
             if int(declared) > cap:
+                # A client waiting for "100 Continue" sends nothing until asked: answering at once spares it the
+                # upload. Anyone else is already sending; what fits the drain bounds is read first.
+                if headers.get(b"expect", b"").lower() != b"100-continue" and int(declared) <= DRAIN_BYTES:
+                    await drain(receive)
                 await send_json_error(send, 413, message, "payload_too_large", headers=[(b"connection", b"close")])
                 return
         seen = 0
@@ -101,6 +126,8 @@ class BodyLimitMiddleware:
                 seen += len(msg.get("body", b""))
                 if seen > cap:
                     tripped = PayloadTooLarge(message, headers={"Connection": "close"})
+                    if msg.get("more_body", False):
+                        await drain(receive)
                     raise tripped
                 complete = not msg.get("more_body", False)
             return msg
