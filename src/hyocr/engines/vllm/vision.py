@@ -42,7 +42,7 @@ import os
 import time
 from typing import Any
 
-from . import compat, hf_compat, staging, vision_gemm
+from . import compat, hf_compat, staging, threads, vision_gemm
 from . import cpu as vllm_cpu
 from .tuning import PIXEL_CONFIG_ENV as ENV_PIXELS
 from .tuning import VISION_ENCODER_ENV as ENV_MODE
@@ -295,7 +295,8 @@ class VisionWorkerExtension:
 
     def hyocr_vision_status(self) -> dict:
         """The forward in use; ``native`` is False where vLLM has no native encoder to replace (0.32+)."""
-        status = {"mode": _state["mode"], "status": _state["status"], "native": _native_class() is not None}
+        status = {"mode": _state["mode"], "status": _state["status"], "native": _native_class() is not None,
+                  "torch_threads": _state.get("threads")}
         if vllm_cpu.applied():
             status["cpu_fix"] = vllm_cpu.status()
         return status
@@ -342,6 +343,8 @@ def _self_test_error(visual: Any, grids: list) -> float | str:
 
 
 install()  # on import, in the engine process (vLLM imports the extension before building the model)
+# one torch CPU thread while serving on a GPU, set before the model is compiled (threads.py)
+_state["threads"] = threads.apply(on_gpu=threads.vllm_on_gpu(), vllm_does_it=threads.vllm_sets_threads())
 # the core's batching of byte pixels: timed with the encoder, staged in reused pinned buffers on request
 _state["staging"] = staging.install(_timing if os.environ.get(ENV_TIMING) else None, staging.ring_from_env())
 install_forward_defaults()
