@@ -228,6 +228,11 @@ def test_bad_uploads_and_queries_are_json_4xx(server):
                       data={"purpose": "batch", "expires_after[anchor]": "created_at", "expires_after[seconds]": "5"},
                       headers=ALICE, timeout=10)
     _is_error(r, 400, param="expires_after")
+    for seconds in ("\u00b3\u2076\u2070\u2070", "\uff13\uff16\uff10\uff10"):  # superscript and full-width 3600
+        r = requests.post(f"{server.url}/v1/files", files={"file": ("x", b"{}")}, headers=ALICE, timeout=10,
+                          data={"purpose": "batch", "expires_after[anchor]": "created_at",
+                                "expires_after[seconds]": seconds})
+        _is_error(r, 400, param="expires_after")
     for query in ("limit=0", f"limit={10**20}", "order=sideways", f"after={'x' * 200}"):
         _is_error(requests.get(f"{server.url}/v1/files?{query}", headers=ALICE, timeout=10), 400)
     for query in ("limit=101", f"limit={2**63}"):

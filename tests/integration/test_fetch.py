@@ -480,6 +480,8 @@ def test_malformed_allowlist_entries_fail_at_start_up(entry: str) -> None:
 
 async def test_invalid_url_messages_are_safe() -> None:
     for url in ("", "x" * 5000, "http://", "http://h:0/", "http://h:65536/", "http://[fe80::1%25eth0]/",
-                "http://a..b/", "http://\u0000h/", "javascript:alert(1)"):  # fmt: skip
+                "http://a..b/", "http://\u0000h/", "javascript:alert(1)",
+                # digits that str.isdigit() knows and int() does not (superscripts), or that other parsers refuse
+                "http://h:\u00b2/", "http://h:\u00b9\u00b2/", "http://h:\uff11\uff18/", "http://h:\u0668\u0660/"):  # fmt: skip
         err = await refused(url, OPEN, "invalid_url")
         assert isinstance(err, InvalidRequest) and len(err.message) < 200

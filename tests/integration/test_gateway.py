@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import http.client
+import json
 import time
 
 import jwt
@@ -83,6 +85,28 @@ def test_forwarded_for_is_believed_only_from_trusted_proxies(fake_server_factory
     behind_proxy = fake_server_factory(allowed_ips="10.0.0.0/8", trusted_proxies="127.0.0.1/32")
     assert _ocr(behind_proxy, spoofed).status_code == 200
     assert _ocr(behind_proxy, {"X-Forwarded-For": "192.168.1.1"}).status_code == 403
+    # Two header lines are one list (RFC 9110): the client's line and the proxy's appended one, in order.
+    assert _ocr_forwarded(behind_proxy, "10.1.2.3", "192.168.1.1") == 403
+    assert _ocr_forwarded(behind_proxy, "192.168.1.1", "10.1.2.3") == 200
+    # An IPv4 client as a dual-stack proxy writes it (::ffff:a.b.c.d) is that IPv4 address.
+    assert _ocr(behind_proxy, {"X-Forwarded-For": "::ffff:10.1.2.3"}).status_code == 200
+    assert _ocr(behind_proxy, {"X-Forwarded-For": "::ffff:192.168.1.1"}).status_code == 403
+
+
+def _ocr_forwarded(server, *lines: str) -> int:
+    """/v1/ocr with one X-Forwarded-For header line per argument (requests merges them into one)."""
+    body = json.dumps({"image": IMAGE, "task": "vqa", "question": "hi"}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", int(server.url.rsplit(":", 1)[1]), timeout=30)
+    try:
+        conn.putrequest("POST", "/v1/ocr")
+        for line in lines:
+            conn.putheader("X-Forwarded-For", line)
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        return conn.getresponse().status
+    finally:
+        conn.close()
 
 
 def test_rate_limit_per_key_with_retry_after(fake_server_factory):

@@ -135,6 +135,7 @@ def test_bad_inputs_get_clean_json_errors(rapid_server):
     _error(requests.post(url, json={"task": "text"}), 400)  # no image
     _error(requests.post(url, json={"image": base64.b64encode(png).decode(), "max_tokens": 0}), 400)
     _error(requests.post(url, files={"other": ("a.png", png)}), 400)
+    assert _error(requests.post(url, json={"image": ""}), 400)["code"] == "missing_image"
     # the server still works afterwards
     assert _post_file(rapid_server, png, task="text").status_code == 200
 

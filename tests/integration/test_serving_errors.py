@@ -287,3 +287,77 @@ def test_the_parsers_400_is_json(parser):
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+# ---------------------------------------------------------------- a request's headers are bounded before auth
+
+
+@contextlib.contextmanager
+def _server_with(protocol):
+    app = build_app(load_settings(engine="fake", ui=False))
+    sock = socket.create_server(("127.0.0.1", 0))
+    # h11's own limit raised: the guard is what answers on both parsers
+    server = uvicorn.Server(uvicorn.Config(app, http=protocol, log_level="warning",
+                                           h11_max_incomplete_event_size=1 << 20))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        _wait_for(lambda: server.started, 60)
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def _read_all(sock) -> bytes:
+    out = b""
+    with contextlib.suppress(TimeoutError, ConnectionResetError):
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+def _error_of(reply: bytes, status: int) -> dict:
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d" % status), reply[:300]
+    return json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+def test_headers_past_their_size_or_time_are_refused_before_anything_reads_them(parser, monkeypatch):
+    from hyocr.server import uvicorn as serving
+
+    monkeypatch.setattr(serving, "HEADER_TIMEOUT", 1.5)
+    protocol = serving.h11_protocol() if parser == "h11" else serving.httptools_protocol()
+    with _server_with(protocol) as port:
+        # A header that never ends: refused once past HEADER_BYTES, not read to the client's gigabyte.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                for _ in range(64):
+                    sock.sendall(b"a" * 16384)
+            assert _error_of(_read_all(sock), 431)["code"] == "headers_too_large"
+        # One header line every 0.4 s (slowloris), and a connection that sends nothing: 408 at HEADER_TIMEOUT.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            started = time.monotonic()
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                for i in range(10):
+                    time.sleep(0.4)
+                    sock.sendall(b"X-Slow-%d: y\r\n" % i)
+            assert _error_of(_read_all(sock), 408)["code"] == "header_timeout"
+            assert time.monotonic() - started < 6
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            assert _error_of(_read_all(sock), 408)["code"] == "header_timeout"
+        # Not cut: a big body sent with its headers, and an answer slower than HEADER_TIMEOUT on a kept-alive
+        # connection, followed by another request after a pause.
+        with requests.Session() as session:
+            url = f"http://127.0.0.1:{port}"
+            r = session.post(f"{url}/v1/completions", json={"prompt": "x" * 300_000, "max_tokens": 1}, timeout=30)
+            assert r.status_code in (200, 400), r.text  # read and answered by the app, whatever it thinks of it
+            r = session.post(f"{url}/v1/chat/completions", timeout=30, json={"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": IMAGE}}, {"type": "text", "text": "[[fake:delay=2.5]]"}]}]})
+            assert r.status_code == 200, r.text
+            time.sleep(1.0)
+            assert session.get(f"{url}/health", timeout=10).status_code == 200

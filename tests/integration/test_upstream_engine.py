@@ -144,7 +144,7 @@ def scripted(fake_server_factory):
 def test_429_and_503_before_output_are_retried(scripted):
     upstream, front = scripted([
         _response(429, b'{"error":{"message":"slow down"}}', "Retry-After: 0\r\n"),
-        _response(503, b"{}"),
+        _response(503, b"{}", "Retry-After: \u00b2\r\n"),  # a superscript: str.isdigit() says yes, float() no
         GOOD_STREAM,
     ])
     r = _chat(front.url, "vqa?")

@@ -23,6 +23,8 @@ from pydantic import (
     model_serializer,
 )
 
+from ..jobs.webhooks import reserved_header
+
 # Fields some OpenAI-compatible servers accept that would let a client change the prompt template
 # or the image processor. Never passed on (SECURITY.md).
 REFUSED_FIELDS = (
@@ -214,7 +216,7 @@ class JobJsonRequest(OcrJsonRequest):
 
     form_json = frozenset({"callback_headers"})
 
-    callback_url: str | None = Field(None, max_length=2048, description="POSTed (signed, Standard Webhooks) "
+    callback_url: str | None = Field(None, min_length=1, max_length=2048, description="POSTed (signed, Standard Webhooks) "
                                      "when the job ends: succeeded, failed or cancelled")
     callback_headers: dict[str, str] | None = Field(None, max_length=16, description="extra headers sent with "
                                                     "the webhook (e.g. your own authorization)")
@@ -233,6 +235,9 @@ class JobJsonRequest(OcrJsonRequest):
             value = value.strip(" \t")
             if not _HEADER_NAME.fullmatch(name):
                 raise ValueError(f"{name[:64]!r} is not an HTTP header name (a token, at most 64 characters)")
+            if reserved_header(name):
+                raise ValueError(f"{name}: set by hyocr on every webhook (Content-Type, Content-Length, Host, "
+                                 "Connection, User-Agent, Transfer-Encoding, webhook-*), not by a caller")
             if len(value) > 4096:
                 raise ValueError(f"{name}: the value is longer than 4096 characters")
             if not value.isascii():

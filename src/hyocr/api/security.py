@@ -133,7 +133,8 @@ class Authenticator:
         peer = (scope.get("client") or ("0.0.0.0", 0))[0]
         if not self.policy.trusted_proxies or not self._in(peer, self.policy.trusted_proxies):
             return peer
-        forwarded = dict(scope["headers"]).get(b"x-forwarded-for", b"").decode("latin-1")
+        # Several X-Forwarded-For lines are one list, in order (RFC 9110 5.3): a proxy may add its own line.
+        forwarded = ",".join(v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for")
         for hop in reversed([h.strip() for h in forwarded.split(",") if h.strip()]):
             if not self._in(hop, self.policy.trusted_proxies):
                 return hop
@@ -145,7 +146,9 @@ class Authenticator:
             address = ipaddress.ip_address(ip)
         except ValueError:
             return False
-        return any(address in net for net in networks)
+        # ::ffff:a.b.c.d, as a dual-stack socket or proxy writes an IPv4 client, is that IPv4 address
+        mapped = getattr(address, "ipv4_mapped", None)
+        return any(address in net or (mapped is not None and mapped in net) for net in networks)
 
     def check_key(self, presented: str, digests: tuple[bytes, ...] | None = None) -> bool:
         digest = hashlib.sha256(presented.encode()).digest()

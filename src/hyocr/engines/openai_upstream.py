@@ -279,7 +279,7 @@ class OpenAIUpstreamEngine(Engine):
 
 def _backoff(attempt: int, retry_after: str | None) -> float:
     """Exponential backoff (0.2 s, 0.4 s, ...), or the server's Retry-After when it is short."""
-    if retry_after and retry_after.strip().isdigit():
+    if retry_after and retry_after.strip().isascii() and retry_after.strip().isdigit():
         return min(float(retry_after), 5.0)
     return 0.2 * (2**attempt)
 

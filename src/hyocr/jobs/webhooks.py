@@ -220,7 +220,7 @@ async def deliver(
         return Outcome(False, status, error, wait)
 
     clock = datetime.now(UTC).timestamp() if now is None else now
-    headers = {k: v for k, v in delivery.headers.items() if not _reserved(k)}
+    headers = {k: v for k, v in delivery.headers.items() if not reserved_header(k)}
     headers |= signer.headers(delivery.id, delivery.body, clock, delivery.owner)
     headers.update({"Content-Type": "application/json", "User-Agent": USER_AGENT})  # over any caller's
     try:
@@ -247,7 +247,8 @@ async def deliver(
     return failed(f"HTTP {status}", status, retry=False)  # 410 Gone and other 4xx: asking again won't help
 
 
-def _reserved(name: str) -> bool:
+def reserved_header(name: str) -> bool:
+    """A header hyocr sets on every delivery (or HTTP itself does): a caller's is refused at submit."""
     return name.strip().lower() in _RESERVED or name.strip().lower().startswith("webhook-")
 
 

@@ -245,7 +245,7 @@ def _parse(url: str, param: str) -> _Target:
     default = 443 if scheme == "https" else 80
     if port_text is None:
         port = default
-    elif port_text.isdigit() and len(port_text) <= 5 and 1 <= int(port_text) <= 65535:
+    elif port_text.isascii() and port_text.isdigit() and len(port_text) <= 5 and 1 <= int(port_text) <= 65535:
         port = int(port_text)
     else:
         raise invalid("the port must be a number from 1 to 65535")
@@ -343,7 +343,7 @@ async def _read(response: httpx.Response, policy: FetchPolicy, param: str) -> tu
         raise _failed("the image URL answered with a compressed encoding; serve the image as is", param)
     too_large = PayloadTooLarge(f"image is larger than the {policy.max_bytes} byte limit", param=param)
     length = response.headers.get("content-length", "")
-    if length.isdigit() and int(length) > policy.max_bytes:
+    if length.isascii() and length.isdigit() and int(length) > policy.max_bytes:
         raise too_large  # before reading a byte of the body
     chunks: list[bytes] = []
     total = 0

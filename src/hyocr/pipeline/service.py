@@ -213,7 +213,7 @@ class OcrService:
 
     def _check_count(self, media: tuple[MediaInput, ...]) -> None:
         if not media:
-            raise InvalidRequest("an image is required", param="image")
+            raise InvalidRequest("an image is required", param="image", code="missing_image")
         if len(media) > self.max_images:
             raise InvalidRequest(f"{len(media)} images given; at most {self.max_images} per request", param="image")
 

@@ -4,8 +4,11 @@
   cancellation comes ``SHUTDOWN_GRACE`` seconds after the app has answered what was still running.
 - What the HTTP parser refuses (a NUL or CR in a header, a bad Content-Length, a header block past h11's
   size limit) never reaches the app: the protocol classes here answer uvicorn's 400 in the API's JSON
-  shape, with an ``X-Request-ID`` (``send_400_response`` is the one method they replace;
-  tests/integration/test_serving_errors.py runs both parsers).
+  shape, with an ``X-Request-ID`` (tests/integration/test_serving_errors.py runs both parsers).
+- A request's headers are bounded before anything reads them (``HeaderGuard``): HEADER_BYTES in all (a 431),
+  within HEADER_TIMEOUT seconds of the connection or of the request's first byte (a 408). httptools, the
+  parser uvicorn picks where installed, has neither: a client could send a gigabyte of header or one header
+  line every few seconds, before authentication, and hold memory or a connection for as long as it liked.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ if TYPE_CHECKING:
 
 # uvicorn cancels what is left this long after DRAIN_TIMEOUT (the app answers at DRAIN_TIMEOUT).
 SHUTDOWN_GRACE = 2.0
+# A request line and headers: nginx allows 4 x 8 KiB, h11 16 KiB; room for long JWTs and proxies' headers.
+HEADER_BYTES = 64 * 1024
+# From a connection's opening, or a request's first byte, to the end of its headers (nginx: 60 s).
+HEADER_TIMEOUT = 30.0
 
 
 def uvicorn_options(settings: Settings) -> dict:
@@ -57,15 +64,84 @@ class Server(uvicorn.Server):
 # ---------------------------------------------------------------- malformed HTTP as JSON
 
 
-def _json_400(message: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-    body = json.dumps({"error": {"message": f"malformed HTTP request: {message}", "type": "invalid_request_error",
-                                 "param": None, "code": "bad_http_request"}}).encode()
+def _json_error(message: str, code: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                 "param": None, "code": code}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"x-request-id", uuid.uuid4().hex.encode()), (b"connection", b"close")]
     return body, headers
 
 
+def _json_400(message: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    return _json_error(f"malformed HTTP request: {message}", "bad_http_request")
+
+
 _PARSER_MESSAGE = "the HTTP parser refused it (e.g. a control character in a header, a bad Content-Length)"
+
+
+class HeaderGuard:
+    """Mixed into uvicorn's protocol classes: a request whose headers pass HEADER_BYTES is answered 431, one
+    whose headers are not in HEADER_TIMEOUT seconds after the connection opened (or after its first byte, on a
+    kept-alive connection) 408, and the connection closed. Counted by what arrived while the headers were
+    incomplete, so memory stays within HEADER_BYTES and one read. Between requests uvicorn's keep-alive timeout
+    closes an idle connection, as before."""
+
+    _guard_timer = None
+    _guard_bytes = 0
+
+    def _headers_in(self) -> bool:  # the parser has the current request's headers
+        raise NotImplementedError
+
+    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        super().connection_made(transport)  # type: ignore[misc]
+        self._guard_arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._guard_disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]
+        if self.transport.is_closing():  # type: ignore[attr-defined]
+            self._guard_disarm()
+        elif self._headers_in():
+            self._guard_disarm()
+        else:  # headers still coming: this read counts, and the clock runs from the request's first byte
+            self._guard_arm()
+            self._guard_bytes += len(data)
+            if self._guard_bytes > HEADER_BYTES:
+                self._guard_refuse(431, "Request Header Fields Too Large",
+                                   f"the request's headers are larger than {HEADER_BYTES} bytes",
+                                   "headers_too_large")
+
+    def _guard_arm(self) -> None:
+        if self._guard_timer is None:
+            self._guard_timer = self.loop.call_later(HEADER_TIMEOUT, self._guard_expired)  # type: ignore[attr-defined]
+
+    def _guard_disarm(self) -> None:
+        if self._guard_timer is not None:
+            self._guard_timer.cancel()
+            self._guard_timer = None
+        self._guard_bytes = 0
+
+    def _guard_expired(self) -> None:
+        self._guard_timer = None
+        if not self._headers_in():
+            self._guard_refuse(408, "Request Timeout",
+                               f"the request's headers did not arrive within {HEADER_TIMEOUT:g} s", "header_timeout")
+
+    def _guard_refuse(self, status: int, reason: str, message: str, code: str) -> None:
+        self._guard_disarm()
+        transport = self.transport  # type: ignore[attr-defined]
+        if transport.is_closing():
+            return
+        body, headers = _json_error(message, code)
+        content = [f"HTTP/1.1 {status} {reason}\r\n".encode()]
+        for name, value in [*self.server_state.default_headers, *headers]:  # type: ignore[attr-defined]
+            content.extend([name, b": ", value, b"\r\n"])
+        content.extend([b"\r\n", body])
+        transport.write(b"".join(content))
+        transport.close()
 
 
 def http_protocol() -> type:
@@ -81,7 +157,20 @@ def http_protocol() -> type:
 def httptools_protocol() -> type:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
+    class JsonErrorHttpToolsProtocol(HeaderGuard, HttpToolsProtocol):
+        _headers_done = False
+
+        def _headers_in(self) -> bool:
+            return self._headers_done
+
+        def on_message_begin(self) -> None:
+            self._headers_done = False
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._headers_done = True
+            super().on_headers_complete()
+
         def send_400_response(self, msg: str) -> None:
             body, headers = _json_400(_PARSER_MESSAGE)
             content = [b"HTTP/1.1 400 Bad Request\r\n"]
@@ -98,7 +187,10 @@ def h11_protocol() -> type:
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class JsonErrorH11Protocol(H11Protocol):
+    class JsonErrorH11Protocol(HeaderGuard, H11Protocol):
+        def _headers_in(self) -> bool:  # h11 leaves IDLE once a request's headers are in
+            return self.conn.their_state is not h11.IDLE
+
         def send_400_response(self, msg: str) -> None:
             body, headers = _json_400(_PARSER_MESSAGE)
             event = h11.Response(status_code=400, headers=headers, reason=b"Bad Request")

@@ -65,7 +65,7 @@ def _expires_after(form) -> int | None:
     anchor, seconds = form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
     if anchor is None and seconds is None:
         return None
-    if anchor != "created_at" or not isinstance(seconds, str) or not seconds.isdigit() \
+    if anchor != "created_at" or not isinstance(seconds, str) or not (seconds.isascii() and seconds.isdigit()) \
             or not 3600 <= int(seconds) <= 2_592_000:
         raise InvalidRequest("expires_after needs anchor created_at and seconds 3600 to 2592000",
                              param="expires_after")
