@@ -338,6 +338,13 @@ def test_headers_past_their_size_or_time_are_refused_before_anything_reads_them(
                 for _ in range(64):
                     sock.sendall(b"a" * 16384)
             assert _error_of(_read_all(sock), 431)["code"] == "headers_too_large"
+        # A request line that never ends (a URL of megabytes): the URI is what is too long.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /v1/models?q=")
+            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                for _ in range(64):
+                    sock.sendall(b"a" * 16384)
+            assert _error_of(_read_all(sock), 414)["code"] == "uri_too_long"
         # One header line every 0.4 s (slowloris), and a connection that sends nothing: 408 at HEADER_TIMEOUT.
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             started = time.monotonic()

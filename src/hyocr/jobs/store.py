@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -30,8 +31,11 @@ ACTIVE = ("queued", "running")
 # Several API processes (or replicas) open one database at the same moment: the loser of the race to create a
 # table sees "already exists" (SQLite, PostgreSQL) or a duplicate catalog row (PostgreSQL), and tries again,
 # when the winner's tables are there to be seen.
-SCHEMA_ATTEMPTS = 5
-_RACED = ("already exists", "duplicate")
+SCHEMA_ATTEMPTS = 8
+# What another process creating the same tables at the same moment looks like. SQLite's "database is locked"
+# comes without waiting out busy_timeout where a read turned write loses to another writer (the busy handler
+# is skipped there to avoid a deadlock); creating the tables is idempotent, so it is tried again too.
+_RACED = ("already exists", "duplicate", "database is locked")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +131,7 @@ class JobStore:
                 if attempt < SCHEMA_ATTEMPTS and any(word in cause.lower() for word in _RACED):
                     log.info("jobs database: another process created the same tables (%s); again",
                              cause.splitlines()[0][:120] if cause else "")
-                    await asyncio.sleep(0.1 * attempt)  # another process is creating the same tables
+                    await asyncio.sleep(0.1 * attempt * (1 + random.random()))  # another process is creating the tables
                     continue
                 self._unopenable(exc)
             except OSError as exc:

@@ -80,14 +80,15 @@ _PARSER_MESSAGE = "the HTTP parser refused it (e.g. a control character in a hea
 
 
 class HeaderGuard:
-    """Mixed into uvicorn's protocol classes: a request whose headers pass HEADER_BYTES is answered 431, one
-    whose headers are not in HEADER_TIMEOUT seconds after the connection opened (or after its first byte, on a
-    kept-alive connection) 408, and the connection closed. Counted by what arrived while the headers were
+    """Mixed into uvicorn's protocol classes: a request whose headers pass HEADER_BYTES is answered 431 (414
+    when the request line alone is that long), one whose headers are not in HEADER_TIMEOUT seconds after the
+    connection opened (or after its first byte, on a kept-alive connection) 408, and the connection closed. Counted by what arrived while the headers were
     incomplete, so memory stays within HEADER_BYTES and one read. Between requests uvicorn's keep-alive timeout
     closes an idle connection, as before."""
 
     _guard_timer = None
     _guard_bytes = 0
+    _guard_line = False  # the request line has ended: past the bound, the headers are too large, else the URI
 
     def _headers_in(self) -> bool:  # the parser has the current request's headers
         raise NotImplementedError
@@ -109,10 +110,14 @@ class HeaderGuard:
         else:  # headers still coming: this read counts, and the clock runs from the request's first byte
             self._guard_arm()
             self._guard_bytes += len(data)
-            if self._guard_bytes > HEADER_BYTES:
+            self._guard_line = self._guard_line or b"\n" in data
+            if self._guard_bytes > HEADER_BYTES and self._guard_line:
                 self._guard_refuse(431, "Request Header Fields Too Large",
                                    f"the request's headers are larger than {HEADER_BYTES} bytes",
                                    "headers_too_large")
+            elif self._guard_bytes > HEADER_BYTES:
+                self._guard_refuse(414, "URI Too Long",
+                                   f"the request line is longer than {HEADER_BYTES} bytes", "uri_too_long")
 
     def _guard_arm(self) -> None:
         if self._guard_timer is None:
@@ -123,6 +128,7 @@ class HeaderGuard:
             self._guard_timer.cancel()
             self._guard_timer = None
         self._guard_bytes = 0
+        self._guard_line = False
 
     def _guard_expired(self) -> None:
         self._guard_timer = None
