@@ -168,3 +168,11 @@ def mixed_pdf(typeset: list[str], scanned: list[str]) -> bytes:
     out = io.BytesIO()
     pdf.save(out)
     return out.getvalue()
+
+
+def pages_pdf(media_boxes: list[bytes]) -> bytes:
+    """Blank pages of the given MediaBoxes, in order (e.g. ``b"[0 0 14400 14400]"``: a page too large to render)."""
+    kids = b" ".join(b"%d 0 R" % (3 + i) for i in range(len(media_boxes)))
+    pages = [b"<< /Type /Page /Parent 2 0 R /MediaBox %s >>" % box for box in media_boxes]
+    return build_pdf([b"<< /Type /Catalog /Pages 2 0 R >>",
+                      b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, len(media_boxes)), *pages])

@@ -255,6 +255,9 @@ class OcrCall:
     pages: str | None = None  # "2-5,8": the PDF pages to read (1-based); None: all
     prefer_text_layer: bool = False  # task text: a PDF page's own text, when reliable, instead of OCR
     priority: int = 0  # EngineRequest.priority: jobs read at 1, below online requests
+    # A range of a document that jobs and hyocr batch read piece by piece: a page that cannot be rendered is an
+    # error page even when every page of the range fails (one request of such pages is a 4xx: nothing to read)
+    document_range: bool = False
 
 
 @dataclass(frozen=True, slots=True)

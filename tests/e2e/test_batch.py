@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from imaging import Line, card, chinese_card, render, squash
-from pdfs import scanned_pdf
+from pdfs import pages_pdf, scanned_pdf
 
 HYOCR = [sys.executable, "-m", "hyocr"]
 STATE = ".hyocr-batch.jsonl"
@@ -87,6 +87,30 @@ def test_batch_reads_every_document_into_its_own_file(docs, complete):
     assert [r["attempts"] for r in broken] == [1, 2]
     _run(str(docs), "--output", str(complete), "--task", "text", "--max-retries", "1")
     assert [r["attempts"] for r in states(complete) if r["key"].endswith("broken.png")] == [1, 2]  # gave up
+
+
+GIANT, A4 = b"[0 0 14400 14400]", b"[0 0 595 842]"  # a page too large to render, and a blank A4 one
+
+
+@pytest.mark.parametrize("pages", [None, "1-2"])
+def test_pages_that_cannot_be_rendered_are_error_pages_wherever_the_ranges_fall(tmp_path, pages):
+    # A range whose every page failed was a 4xx that failed the whole document (found with real drawings): its
+    # pages are error pages, each with its own message, and the document is done.
+    docs = tmp_path / "drawings"
+    docs.mkdir()
+    (docs / "plans.pdf").write_bytes(pages_pdf([GIANT, GIANT, A4]))
+    out = tmp_path / "out"
+    done = _run(str(docs), "--output", str(out), "--task", "text", "--job-range-pages", "2",
+                *(["--pages", pages] if pages else []))
+    assert done.returncode == 0, done.stderr
+    (name,) = outputs(out)
+    read = json.loads((out / name).read_text())["pages"]
+    assert [p["index"] for p in read] == ([0, 1, 2] if pages is None else [0, 1])
+    assert [p["finish_reason"] for p in read[:2]] == ["error", "error"]
+    assert read[0]["error"].startswith("page 1:") and read[1]["error"].startswith("page 2:"), read
+    if pages is None:
+        assert read[2]["finish_reason"] != "error" and read[2].get("error") is None
+    assert summary(out)["documents"]["done"] == 1
 
 
 def test_killed_batch_resumes_to_the_same_outputs_exactly_once(docs, complete):

@@ -84,6 +84,26 @@ def test_a_pdf_job_is_read_and_its_result_is_the_ocr_body(rapid_jobs):
         [p["seq"] for p in first["data"] + rest["data"]]
 
 
+def test_a_pdf_whose_first_pages_cannot_be_rendered_is_a_job_with_error_pages(rapid_jobs):
+    # Its first page was rendered at submit and its failure refused the whole job with a 413, whatever the
+    # selection; a range of such pages then gave every page the first one's message.
+    giant, a4 = b"[0 0 14400 14400]", b"[0 0 595 842]"
+    document = pdfs.pages_pdf([giant, giant, a4])
+    for pages, expected in ((None, [0, 1, 2]), ("3", [2]), ("2-3", [1, 2])):
+        body = {"image": _b64(document), "task": "text", **({"pages": pages} if pages else {})}
+        r = requests.post(f"{rapid_jobs.url}/v1/jobs", json=body, headers=ALICE, timeout=60)
+        assert r.status_code == 202, r.text
+        done = _wait(rapid_jobs.url, r.json()["id"], headers=ALICE)
+        result = requests.get(f"{rapid_jobs.url}/v1/jobs/{done['id']}/result", headers=ALICE, timeout=10).json()
+        assert [p["index"] for p in result["pages"]] == expected
+        for page in result["pages"]:
+            failed = page["index"] < 2
+            assert (page["finish_reason"] == "error") == failed, page
+            if failed:
+                assert page["error"].startswith(f"page {page['index'] + 1}:"), page
+        assert done["pages"]["failed"] == sum(i < 2 for i in expected)
+
+
 def test_a_retried_submit_with_the_same_key_is_the_same_job(rapid_jobs):
     card = _b64(to_bytes(render([Line("IDEMPOTENT 42", (40, 40), 48)], size=(640, 160)).image))
     body = {"images": [card, card], "task": "text"}

@@ -20,6 +20,7 @@ from hyocr.types import PageRead, PageResult
 @dataclass
 class Call:
     pages: str
+    document_range: bool = False
 
 
 def _pages(spec: str) -> list[int]:

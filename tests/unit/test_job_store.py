@@ -45,6 +45,17 @@ def test_a_call_and_a_page_survive_the_round_trip_through_json():
     assert codec.page_from_json(codec.page_to_json(page)) == page
 
 
+def test_what_the_reader_sets_is_not_part_of_the_stored_call_or_its_digest():
+    # document_range is decided where a range is read: a digest stored before it existed still matches
+    from dataclasses import replace
+
+    from hyocr.pipeline.media import MediaLimits as Limits
+
+    assert "document_range" not in codec.call_to_json(CALL)
+    ranged = replace(CALL, document_range=True)
+    assert codec.request_digest(ranged, None, Limits()) == codec.request_digest(CALL, None, Limits())
+
+
 def test_two_replicas_never_hold_one_range_and_a_page_is_stored_once(tmp_path):
     async def scenario():
         store = await _store(tmp_path)

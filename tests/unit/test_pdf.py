@@ -44,6 +44,7 @@ def test_page_selection(spec, expected):
 @pytest.mark.parametrize(("spec", "message"), [
     ("11", "page 11 is out of range; the document has 10 pages"),
     ("2-12", "page 12 is out of range; the document has 10 pages"),
+    ("11-", "page 11 is out of range; the document has 10 pages"),  # open-ended, past the end
     ("0", "the first page is 1"),
     ("5-2", "'5-2' is not a range of pages (a range runs from its first page to its last)"),
     ("x", "'x' is not a page number or range"),

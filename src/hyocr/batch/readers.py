@@ -118,7 +118,9 @@ class LocalReader:
         while todo := [p for p in chunk if p not in parts.pages]:
             before = len(parts.pages)
             try:
-                await self._read_range(replace(call, pages=spec_of(todo)), parts, ticket, lone=lone)
+                # a range of a longer selection: its pages that cannot be rendered are error pages, all of them too
+                await self._read_range(replace(call, pages=spec_of(todo), document_range=not lone), parts, ticket,
+                                       lone=lone)
             except HyocrError as exc:
                 if exc.status >= 500 and len(parts.pages) > before:
                     continue

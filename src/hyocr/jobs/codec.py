@@ -19,7 +19,9 @@ from ..types import (
     Usage,
 )
 
-_CALL_FIELDS = tuple(f.name for f in fields(OcrCall) if f.name != "media")
+# document_range is set where a job's range is read (runner.py), not by the client: out of the stored call
+# and its digest, so the digests of jobs stored before it stay valid.
+_CALL_FIELDS = tuple(f.name for f in fields(OcrCall) if f.name not in ("media", "document_range"))
 
 
 def call_to_json(call: OcrCall) -> dict[str, Any]:

@@ -165,7 +165,7 @@ class JobRunner:
         else:
             by_n = dict(zip(claim.items, claim.call.media, strict=False))
             call = replace(claim.call, media=tuple(by_n[item] for _, item in todo), pages=None)
-        call = replace(call, priority=BACKGROUND)
+        call = replace(call, priority=BACKGROUND, document_range=claim.pdf)
         positions = [pos for pos, _ in todo]
         events = self.service.read(call, request_id=f"{claim.job_id}-r{claim.range_id}")
         async with contextlib.aclosing(events):

@@ -68,6 +68,7 @@ class PageRequest:
     accept_pdf: bool = False
     pages: str | None = None  # "2-5,8" of a PDF (1-based); None: all
     text_layer: bool = False  # a PDF page's own text, when reliable, instead of OCR
+    keep_error_pages: bool = False  # OcrCall.document_range: pages that fail are error pages, all of them too
 
 
 class PageLoader:
@@ -138,7 +139,8 @@ class PageLoader:
 
     async def _pdf_pages(self, raw: bytes, how: PageRequest, param: str) -> tuple[PageImage, ...]:
         check_pdf_size(raw, self.limits, param=param)
-        plan = replace(self.pdf_plan, pages=how.pages, max_pages=self.max_pages, text_layer=how.text_layer)
+        plan = replace(self.pdf_plan, pages=how.pages, max_pages=self.max_pages, text_layer=how.text_layer,
+                       keep_error_pages=how.keep_error_pages)
         document = await self.pdf.render(raw, plan, param=param)
         record(pdf_bytes=len(raw), pdf_pages=document.page_count)
         pages = document.pages
@@ -148,9 +150,11 @@ class PageLoader:
             pages = await asyncio.to_thread(lambda: tuple(self._reduced(p) for p in pages))
         return pages
 
-    async def preview(self, media: tuple[MediaInput, ...]) -> Preview:
+    async def preview(self, media: tuple[MediaInput, ...], *, document: bool = False) -> Preview:
         """What a read of ``media`` would find, checked by the same rules (limits, decoder, renderer), at
-        the cost of one page: every image's header, and the first page decoded (or rendered)."""
+        the cost of one page: every image's header, and the first page decoded (or rendered). ``document``:
+        only the document matters (a survey), so a first page that cannot be rendered is its error page, not
+        the document's refusal: a selection may leave it out, and a read makes it an error page anyway."""
         first = media[0]
         raw = first.data if isinstance(first.data, bytes) else await asyncio.to_thread(
             decode_base64, first.data, self.limits, param=first.param, accept_pdf=True)
@@ -158,7 +162,8 @@ class PageLoader:
             if len(media) > 1:
                 raise InvalidRequest("a PDF is read on its own: upload one PDF, or images", param=first.param)
             check_pdf_size(raw, self.limits, param=first.param)
-            document = await self.pdf.render(raw, replace(self.pdf_plan, pages="1", max_pages=1), param=first.param)
+            plan = replace(self.pdf_plan, pages="1", max_pages=1, keep_error_pages=document)
+            document = await self.pdf.render(raw, plan, param=first.param)
             return Preview(document.pages[0], 1, True, document.page_count)
         frames = await asyncio.to_thread(tiff_page_frames, raw)
         if len(frames) > 1 and len(media) == 1:  # a TIFF document: counted as a PDF's pages are
@@ -182,7 +187,7 @@ class PageLoader:
             else:
                 raws.append(m.data)
         plain = tuple(MediaInput(raw, m.param) for raw, m in zip(raws, media, strict=True))
-        found = await self.preview(plain) if accept_pdf or not any(map(is_document, raws)) else None
+        found = await self.preview(plain, document=True) if accept_pdf or not any(map(is_document, raws)) else None
         if found is None:
             await asyncio.to_thread(self._probe_all, plain, False)  # raises: a document where none is taken
         return Survey(plain, found is not None and found.pdf, found.pages if found else len(plain))

@@ -72,6 +72,9 @@ class RenderPlan:
     # Rendered pixels for the whole document (None: no limit). Pages past it are error pages: a
     # few-kB PDF of 64 giant pages would otherwise hold gigabytes of pixels in the server at once.
     max_total_pixels: int | None = None
+    # A selection where every page failed is the document's 4xx (nothing to read), unless the caller reads the
+    # document range by range (jobs, hyocr batch): then its pages are error pages like any other.
+    keep_error_pages: bool = False
 
     @classmethod
     def for_engine(cls, follows_prompts: bool, settings=None) -> RenderPlan:
@@ -251,7 +254,7 @@ class PdfRenderer:
                 pages.append(PageImage(None, index, "PDF", dpi=POINTS_PER_INCH, source="render",
                                        error=errors[-1].message, size=(width, height)))
         self._receive(worker, self.timeout, abandon, "closing the PDF")  # "done"
-        if errors and len(errors) == len(pages):  # nothing readable: the document's error, as a 4xx
+        if errors and len(errors) == len(pages) and not plan.keep_error_pages:  # nothing readable: a 4xx
             raise errors[0]
         return RenderedDocument(count, tuple(pages))
 

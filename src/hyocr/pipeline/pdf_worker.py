@@ -44,7 +44,7 @@ def parse_pages(spec: str | None, count: int, max_pages: int) -> tuple[int, ...]
                 raise InvalidRequest(f"pages: {part.strip()!r} is not a page number or range; "
                                      "expected e.g. 2-5,8", param="pages", code="invalid_pages")
             first = int(match.group(1))
-            last = first if not match.group(2) else int(match.group(3)) if match.group(3) else count
+            last = first if not match.group(2) else int(match.group(3)) if match.group(3) else max(count, first)
             if first < 1 or last < first:
                 why = "the first page is 1" if first < 1 else "a range runs from its first page to its last"
                 raise InvalidRequest(f"pages: {part.strip()!r} is not a range of pages ({why})",

@@ -256,12 +256,13 @@ class OcrService:
                 version=self.engine.info.version,
             )
         started = time.perf_counter()
-        how = PageRequest(call.accept_pdf, call.pages, call.prefer_text_layer and task is Task.TEXT)
+        how = PageRequest(call.accept_pdf, call.pages, call.prefer_text_layer and task is Task.TEXT,
+                          keep_error_pages=call.document_range)
         times: dict[str, float] = {}
         pages = await self.inputs.load(call.media, how, times)
         decode_ms = (time.perf_counter() - started) * 1000 - times.get("fetch_ms", 0.0)  # fetch: its own stage
         record(images=len(pages), image_bytes=sum(p.source_bytes for p in pages),
-               image_pixels=sum(p.width * p.height for p in pages), task=task.value,
+               image_pixels=sum(p.width * p.height for p in pages if p.error is None), task=task.value,
                decode_ms=round(decode_ms, 2))
         return Prepared(
             request_id=request_id or f"ocr-{uuid.uuid4().hex}",
