@@ -188,7 +188,9 @@ def test_request_shapes():
     client.ocr_many([b"ab", "data:image/png;base64,AAAA"], fields="a, b")
     body = json.loads(script.requests[-1].content)
     assert body == {"images": ["YWI=", "data:image/png;base64,AAAA"], "task": "spotting",
-                    "fields": ["a", "b"]}
+                    "fields": ["a", "b"], "stream": True}  # several pages: read as the page stream
+    client.ocr(b"%PDF-1.7\n...")  # a document too (answered whole here: read whole)
+    assert b'name="stream"\r\n\r\ntrue' in script.requests[-1].read()
     with pytest.raises(TypeError, match="feilds"):
         client.ocr(b"x", feilds=["a"])  # type: ignore[call-arg]
     with pytest.raises(ValueError):

@@ -7,8 +7,9 @@ Images and PDFs given as bytes or paths are sent as a multipart upload, as they 
 ``submit_job``); a ``data:`` URL, text already, goes in a JSON body.
 
 Retries (the reference article promises "a 3 s timeout and at most 2 retries"): ``timeout`` bounds each
-attempt's whole answer (not each read: a server or proxy that trickles bytes is cut off at it; a page
-stream's wait for each next event), ``total_timeout`` a whole call (by default, room for every attempt at its full timeout plus the
+attempt's whole answer (not each read: a server or proxy that trickles bytes is cut off at it), and for a
+document (a PDF, a multi-page TIFF, ``ocr_many``) or a call with ``on_page``, which are read as the page
+stream, the wait for each next page, ``total_timeout`` a whole call (by default, room for every attempt at its full timeout plus the
 backoffs, so it only bites on a long ``Retry-After``). Retried, at most ``max_retries`` times, after a
 jittered exponential backoff or the server's ``Retry-After`` (capped at 10 s; one that ends past the
 deadline is not waited for, the error is raised at once): connection failures (refused, connect timeout,

@@ -23,7 +23,7 @@ from .jobs import (
     submit_call,
     webhook_secret_call,
 )
-from .results import Delivered, OcrResult, Page, paced, read_events_async, stream_cut
+from .results import Delivered, OcrResult, Page, is_event_stream, paced, read_events_async, stream_cut
 
 
 class AsyncHyocrClient(_Base):
@@ -43,7 +43,7 @@ class AsyncHyocrClient(_Base):
                 async with asyncio.timeout(timeout) as limit:  # the whole answer, not each read (sync.py: why)
                     async with self._http.stream(call.method, call.path, timeout=timeout, headers=headers,
                                                  **call.kwargs) as response:
-                        if call.on_page is not None and response.is_success:  # a page stream: the wait for each
+                        if call.stream and is_event_stream(response):  # a page stream: the wait for each
                             return await read_events_async(paced(response.aiter_lines(), limit, timeout), pages)
                         await response.aread()
                         result = response

@@ -42,8 +42,10 @@ class Call:
     parse: Callable[[httpx.Response], Any]
     timeout: float | None = None  # per attempt; None: the client's
     probe: bool = False  # health/ready report the state now: one attempt, any failure reads as False
-    on_page: Callable[[Page, int, int], None] | None = None  # set: the answer is /v1/ocr's event stream
+    on_page: Callable[[Page, int, int], None] | None = None  # called with each page of the event stream
     headers: dict[str, str] | None = None  # sent with every attempt (beside X-Request-ID)
+    # The answer is /v1/ocr's event stream (on_page set, or a document): the timeout bounds each page's wait
+    stream: bool = False
 
 
 def _is_data_url(image: ImageInput) -> TypeGuard[str]:
@@ -103,12 +105,33 @@ def _form_value(value: Any) -> str:
 
 
 def ocr_call(images: Sequence[ImageInput], options: OcrOptions, *, many: bool = False) -> Call:
-    """POST /v1/ocr: the images as ``media_body`` sends them (a multipart upload, or JSON for data URLs)."""
+    """POST /v1/ocr: the images as ``media_body`` sends them (a multipart upload, or JSON for data URLs).
+    A document (a PDF, a multi-page TIFF, several images) is read as the page stream whether or not the
+    caller takes its pages: the timeout then bounds each page, not the whole document, which at the
+    default 3 s a PDF of a few pages would pass and be read again by every retry."""
     if many and (isinstance(images, bytes | str | Path) or not images):
         raise ValueError("ocr_many() takes a non-empty sequence of images")
     body, timeout, on_page = ocr_body(options)
+    stream = on_page is not None or len(images) > 1 or any(map(_is_document, images))
+    if stream:
+        body["stream"] = True
     return Call("POST", "/v1/ocr", media_body(images, body, many=many),
-                lambda r: OcrResult.from_json(r.json()), timeout, on_page=on_page)
+                lambda r: OcrResult.from_json(r.json()), timeout, on_page=on_page, stream=stream)
+
+
+def _is_document(image: ImageInput) -> bool:
+    """A PDF or a multi-page TIFF, by its bytes (a data URL by its media type; an image URL: not known)."""
+    if _is_data_url(image):
+        return image[5:].lower().startswith(("application/pdf", "image/tiff"))
+    if isinstance(image, str) and image.lower().startswith(("http://", "https://")):
+        return image.lower().split("?", 1)[0].endswith(".pdf")
+    from ..pipeline.media import is_document
+
+    if isinstance(image, bytes | bytearray | memoryview):
+        return is_document(bytes(image))
+    with open(image, "rb") as file:  # a path: its first bytes tell, but a TIFF's page count needs all of it
+        head = file.read(1024)
+        return is_document(head + file.read() if head[:4] in (b"II*\0", b"MM\0*") else head)
 
 
 def chat_call(messages: list[dict[str, Any]], timeout: float | None, body: dict[str, Any]) -> Call:

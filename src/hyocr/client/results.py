@@ -80,9 +80,15 @@ class Delivered:
         self.on_page, self.count = on_page, 0
 
     def __call__(self, page: Page, completed: int, total: int) -> None:
-        self.count += 1
-        if self.on_page is not None:
+        if self.on_page is not None:  # a stream read for its timeout alone gave no one anything: tried again
+            self.count += 1
             self.on_page(page, completed, total)
+
+
+def is_event_stream(response: httpx.Response) -> bool:
+    """A successful answer in server-sent events (a server that answered a stream request whole, a proxy's
+    rewrite, a test's transport: read as the whole body it is)."""
+    return response.is_success and response.headers.get("content-type", "").startswith("text/event-stream")
 
 
 def stream_cut(exc: Exception, pages: int, request_id: str) -> ConnectionFailed:

@@ -23,7 +23,7 @@ from .jobs import (
     submit_call,
     webhook_secret_call,
 )
-from .results import Delivered, OcrResult, Page, read_events, stream_cut, whole, within
+from .results import Delivered, OcrResult, Page, is_event_stream, read_events, stream_cut, whole, within
 
 
 class HyocrClient(_Base):
@@ -45,7 +45,7 @@ class HyocrClient(_Base):
             try:
                 with self._http.stream(call.method, call.path, timeout=timeout, headers=headers,
                                        **call.kwargs) as response:
-                    if call.on_page is not None and response.is_success:
+                    if call.stream and is_event_stream(response):
                         return read_events(within(response.iter_lines(), deadline, response, idle=timeout), pages)
                     result = whole(within(response.iter_raw(), deadline, response), response)
             except httpx.TransportError as exc:
