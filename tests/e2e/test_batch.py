@@ -113,6 +113,33 @@ def test_pages_that_cannot_be_rendered_are_error_pages_wherever_the_ranges_fall(
     assert summary(out)["documents"]["done"] == 1
 
 
+def test_file_names_in_any_script_or_not_utf8_are_read_named_and_found_again(tmp_path):
+    # A folder from a Chinese office and a file whose name is not UTF-8 (an old Windows share's GBK): the run
+    # crashed with a UnicodeEncodeError writing its state, and every Chinese name became "pdf-<hash>.json".
+    import os
+
+    from imaging import card
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    png = card().png()
+    (docs / "发票.png").write_bytes(png)
+    (Path(os.fsdecode(os.fsencode(docs) + b"/\xb7\xa2\xc6\xb1.png"))).write_bytes(png)  # 发票 in GBK
+    out = tmp_path / "out"
+    for rerun in (False, True):
+        done = _run(str(docs), "--output", str(out), "--task", "text", "--table", "parquet")
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert summary(out)["documents"]["done"] == 2
+        if rerun:
+            assert "2 from an earlier run" in done.stderr + done.stdout
+    names = sorted(p.name for p in out.glob("*.json") if p.name != "summary.json")
+    assert len(names) == 2 and any(n.startswith("发票.png-") for n in names), names
+    import pyarrow.parquet as pq
+
+    documents = set(pq.read_table(out / "pages.parquet").column("document").to_pylist())
+    assert len(documents) == 2 and any("\ufffd" in d for d in documents)  # shown as text, the bytes replaced
+
+
 def test_killed_batch_resumes_to_the_same_outputs_exactly_once(docs, complete):
     out = docs.parent / "killed"
     proc = subprocess.Popen([*HYOCR, "batch", str(docs), "--output", str(out), "--task", "text",

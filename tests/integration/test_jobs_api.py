@@ -180,6 +180,7 @@ def test_cancel_stops_the_engines_work_and_a_running_result_is_409(fake_server_f
     assert not engine.active  # and no further range started
     gone = requests.get(f"{server.url}/v1/jobs/{job['id']}/result", timeout=10)
     assert gone.status_code == 409 and gone.json()["error"]["code"] == "job_cancelled"
+    assert gone.json()["error"]["message"].endswith(" cancelled")  # said once ("cancelled: cancelled" before)
     deleted = requests.delete(f"{server.url}/v1/jobs/{job['id']}", timeout=10).json()
     assert deleted == {"id": job["id"], "object": "ocr.job.deleted", "deleted": True}
     assert requests.get(f"{server.url}/v1/jobs/{job['id']}", timeout=10).status_code == 404

@@ -89,6 +89,15 @@ def test_names_are_stable_unique_and_safe(tmp_path):
     assert "/" not in Document(tmp_path / "../../etc", "../../etc").name
     long = Document(tmp_path / ("n" * 500), "n" * 500)
     assert len(long.name) < 150
+    # Names in other scripts stay readable (they were all "pdf-<hash>"), cut at a whole character within
+    # the file system's 255 bytes; macOS's decomposed accents named as the composed ones.
+    assert Document(tmp_path / "发票 2024.pdf", "发票 2024.pdf").name.startswith("发票_2024.pdf-")
+    long_cjk = Document(tmp_path / ("票" * 300), "票" * 300).name
+    assert long_cjk.startswith("票" * 40 + "-") and len(long_cjk.encode()) < 150
+    assert Document(tmp_path / "Cafe\u0301.png", "Cafe\u0301.png").name.startswith("Café.png-")
+    # A file name that is not UTF-8 (Python's surrogate escapes): named, not a UnicodeEncodeError
+    odd = Document(tmp_path / "scan\udcff.png", "scan\udcff.png").name
+    assert odd.startswith("scan_.png-") and odd.encode()
 
 
 def test_options_fingerprint_ignores_unset_options():

@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from . import jsontext
 from ..jobs.codec import page_from_json, page_to_json
 from ..types import PageResult
 
@@ -67,7 +68,7 @@ class Partial:
     def _append(self, entry: dict) -> None:
         self.path.parent.mkdir(exist_ok=True)
         with self.path.open("ab") as f:
-            f.write(json.dumps({**self.tag, **entry}, ensure_ascii=False).encode() + b"\n")
+            f.write(jsontext.dumps({**self.tag, **entry}).encode() + b"\n")
             f.flush()
             os.fsync(f.fileno())
 

@@ -9,11 +9,13 @@ import hashlib
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import jsontext
 from .sources import Sources, is_uri
 
 # Read from folders (and from globs that match folders): these extensions, or these first bytes.
@@ -22,7 +24,9 @@ DOCUMENT_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".tif
 _MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"II*\x00", b"MM\x00*", b"%PDF-")
 # A manifest line's keys beside "path": options for that document only.
 OPTION_KEYS = ("task", "fields", "language", "question", "pages", "prefer_text_layer")
-_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+# Kept in output names: letters and digits of any script (发票.pdf stays 发票.pdf), '.', '-', '_'.
+_NAME_CHARS = re.compile(r"[^\w.-]+")
+NAME_BYTES = 120  # of a name's stem in UTF-8: with its hash, well within a file system's 255 bytes
 SHOWN_CHARS = 200  # of a value quoted in an error message (a manifest's path may be megabytes long)
 
 
@@ -64,8 +68,10 @@ class Document:
     @property
     def name(self) -> str:
         """Its output file: the relative path made safe, and a short hash of the key (unique, stable)."""
-        stem = _NAME_CHARS.sub("_", self.rel.replace(os.sep, "__").replace("/", "__")).strip("._") or "doc"
-        return f"{stem[:120]}-{hashlib.sha256(self.key.encode()).hexdigest()[:10]}.json"
+        rel = unicodedata.normalize("NFC", self.rel)  # macOS spells accents apart
+        stem = _NAME_CHARS.sub("_", rel.replace(os.sep, "__").replace("/", "__")).strip("._") or "doc"
+        stem = stem.encode("utf-8", "replace")[:NAME_BYTES].decode("utf-8", "ignore")  # whole characters
+        return f"{stem}-{hashlib.sha256(jsontext.utf8(self.key)).hexdigest()[:10]}.json"
 
     def options(self, defaults: Mapping[str, Any]) -> dict[str, Any]:
         return {**defaults, **self.overrides}
@@ -81,7 +87,7 @@ def options_fingerprint(options: Mapping[str, Any]) -> str:
     """A short hash of the options a document is read with: a rerun with other options reads it again."""
     canonical = json.dumps({k: v for k, v in options.items() if v not in (None, False, ())}, sort_keys=True,
                            default=list)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return hashlib.sha256(jsontext.utf8(canonical)).hexdigest()[:16]
 
 
 def is_document(path: Path) -> bool:

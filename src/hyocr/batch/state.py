@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from . import jsontext
+
 STATE_FILE = ".hyocr-batch.jsonl"
 TEMP_PREFIX = ".hyocr-tmp-"
 
@@ -46,7 +48,7 @@ class Decision:
     def idempotency_key(self, key: str, sha256: str, options: str) -> str:
         """The same for the same document, content, options and attempt: a rerun after an interruption
         gets the job already submitted; a retry after a failure (the next attempt) a new one."""
-        digest = hashlib.sha256(f"{key}\n{sha256}\n{options}\n{self.attempt}".encode()).hexdigest()
+        digest = hashlib.sha256(jsontext.utf8(f"{key}\n{sha256}\n{options}\n{self.attempt}")).hexdigest()
         return f"hyocr-batch-{digest[:40]}"
 
 
@@ -92,7 +94,7 @@ class StateFile:
     def append(self, record: Record) -> None:
         record = Record(**{**asdict(record), "at": record.at or round(time.time(), 3)})
         self.records[record.key] = record
-        self._write(json.dumps(asdict(record), ensure_ascii=False).encode() + b"\n")
+        self._write(jsontext.dumps(asdict(record)).encode() + b"\n")
 
     def _write(self, data: bytes) -> None:
         self._file.write(data)
@@ -121,7 +123,7 @@ def write_atomic(path: Path, data: Any) -> None:
     one, never a part."""
     temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
     with temp.open("w", encoding="utf-8") as f:
-        json.dump(data, f, ensure_ascii=False, indent=1)
+        f.write(jsontext.dumps(data, indent=1))
         f.flush()
         os.fsync(f.fileno())
     os.replace(temp, path)

@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import jsontext
+
 if TYPE_CHECKING:
     from .outputs import Output
 
@@ -48,7 +50,7 @@ def page_rows(output: Output, items: list[Mapping[str, Any]]) -> Iterator[dict[s
     done = [item for item in items if item["status"] == "done"]
     for item, body in zip(done, output.bodies(item["output"] for item in done), strict=True):
         for page in body.get("pages") or []:
-            yield {"document": item["path"], "output": item["output"], "page": page.get("index"),
+            yield {"document": jsontext.readable(item["path"]), "output": item["output"], "page": page.get("index"),
                    **{k: page.get(k) for k, _ in COLUMNS[3:-2]},
                    "blocks": page.get("blocks") or [], "fields": page.get("fields")}
 
@@ -56,7 +58,7 @@ def page_rows(output: Output, items: list[Mapping[str, Any]]) -> Iterator[dict[s
 def _write_jsonl(path: Path, rows: Iterator[dict[str, Any]]) -> None:
     with path.open("w", encoding="utf-8") as f:
         for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.write(jsontext.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
