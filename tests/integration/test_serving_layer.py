@@ -297,6 +297,24 @@ def test_a_client_still_sending_past_the_cap_reads_its_413_not_a_reset(fake_serv
     assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "payload_too_large"
 
 
+def test_a_compressed_body_is_a_415_that_says_so(fake_server_factory):
+    # A gzip body read as JSON was a 400 "invalid JSON" that sent users looking at their JSON.
+    import gzip
+
+    import requests
+
+    server = fake_server_factory()
+    body = gzip.compress(json.dumps({"prompt": "hi"}).encode())
+    for path in ("/v1/completions", "/v1/ocr", "/v1/files"):
+        r = requests.post(f"{server.url}{path}", data=body, timeout=10,
+                          headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_content_encoding", r.text
+        assert "gzip" in r.json()["error"]["message"]
+    plain = requests.post(f"{server.url}/v1/completions", json={"prompt": "hi"}, timeout=10,
+                          headers={"Content-Encoding": "identity"})  # read: the route's own answer
+    assert plain.json()["error"]["code"] == "missing_image", plain.text
+
+
 def test_a_client_leaving_mid_body_is_a_499_not_an_error(fake_server_factory, caplog):
     server = fake_server_factory()
     head = (b"POST /v1/ocr HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -94,6 +94,15 @@ class BodyLimitMiddleware:
         declared = headers.get(b"content-length")
         cap = self.path_caps.get(scope.get("path", ""), self.max_bytes)
         message = f"request body is larger than the {cap} byte limit"
+        encoding = headers.get(b"content-encoding", b"").strip().lower()
+        if encoding not in (b"", b"identity"):  # a gzip body read as JSON or an image would be a confusing 400
+            if declared is None or (declared.isdigit() and int(declared) <= DRAIN_BYTES):
+                await drain(receive)  # bounded; the answer is read, not lost to a reset (as the 413's)
+            shown = encoding[:32].decode("latin-1")
+            await send_json_error(send, 415, f"Content-Encoding {shown!r} is not supported for request bodies: "
+                                  "send the body uncompressed", "unsupported_content_encoding",
+                                  headers=[(b"connection", b"close")])
+            return
         if declared is not None:
             if not declared.isdigit():
                 await send_json_error(send, 400, "invalid Content-Length header", "bad_request")
