@@ -136,6 +136,10 @@ def test_bad_inputs_get_clean_json_errors(rapid_server):
     _error(requests.post(url, json={"image": base64.b64encode(png).decode(), "max_tokens": 0}), 400)
     _error(requests.post(url, files={"other": ("a.png", png)}), 400)
     assert _error(requests.post(url, json={"image": ""}), 400)["code"] == "missing_image"
+    # a value quoted in the message is quoted short: 100 kB of task was echoed whole
+    b64 = base64.b64encode(png).decode()
+    for body in ({"task": "x" * 100_000}, {"task": "translate", "language": "y" * 100_000}):
+        assert len(_error(requests.post(url, json={"image": b64, **body}), 400)["message"]) < 300
     # the server still works afterwards
     assert _post_file(rapid_server, png, task="text").status_code == 200
 

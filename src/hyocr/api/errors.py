@@ -34,7 +34,12 @@ _HTTP_TYPES = {
 }
 
 
+MESSAGE_CHARS = 2000  # of an error message: one that quotes a client's value never echoes megabytes of it
+
+
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    if len(message) > MESSAGE_CHARS:
+        message = f"{message[:MESSAGE_CHARS]}... ({len(message)} characters)"
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 

@@ -178,14 +178,14 @@ def parse_task(name: str) -> Task:
     if key in _ALIASES:
         return _ALIASES[key]
     valid = ", ".join(t.value for t in Task)
-    raise InvalidRequest(f"unknown task {name!r}; valid tasks: {valid}", param="task")
+    raise InvalidRequest(f"unknown task {name[:64]!r}; valid tasks: {valid}", param="task")
 
 
 def _language(value: str, param: str) -> str:
     """'EN', 'en-US', 'zh_CN' -> 'en' / 'zh'; anything else is a client error."""
     code = value.strip().lower().replace("_", "-").split("-")[0] if isinstance(value, str) else ""
     if code not in TRANSLATION_TARGETS:
-        raise InvalidRequest(f"unsupported language {value!r}; use 'zh' or 'en'", param=param)
+        raise InvalidRequest(f"unsupported language {str(value)[:64]!r}; use 'zh' or 'en'", param=param)
     return code
 
 
