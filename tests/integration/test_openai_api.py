@@ -201,6 +201,15 @@ def test_chat_shape_errors(rapid_server, card_url):
         assert r.status_code == 400 and "token-id prompts" in r.json()["error"]["message"], r.text
     long = complete({"prompt": "x" * 1_000_001})
     assert long.status_code == 400 and long.json()["error"]["code"] == "text_too_long"
+    # A lone surrogate (JSON's "\ud800", not Unicode text) is a 400 wherever it is: chat text passed it on to
+    # the engine, whose tokenizer fails on it; /v1/ocr said "not valid JSON" without saying where.
+    raw = lambda path, text: requests.post(f"{rapid_server.url}{path}", timeout=30,  # noqa: E731
+                                           data=text.encode(), headers={"content-type": "application/json"})
+    chat = raw("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "image_url", '
+               f'"image_url": {{"url": "{url}"}}}}, {{"type": "text", "text": "read \\ud800"}}]}}]}}')
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages.0.content.1.text", chat.text
+    ocr = raw("/v1/ocr", '{"task": "vqa", "question": "\\ud800?"}').json()["error"]
+    assert "not valid JSON" in ocr["message"] and "column" in ocr["message"], ocr
 
 
 def test_openai_client_raises_typed_errors(client):

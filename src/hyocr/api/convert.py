@@ -148,6 +148,14 @@ def prompt_call(
     )
 
 
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _cap_text(req: ChatCompletionRequest) -> None:
     """Chat text as completions prompts are capped: each text (a string content or a text part) and all of
     them together at most MAX_TEXT_CHARS characters (the wire models cap a prompt string the same)."""
@@ -162,6 +170,9 @@ def _cap_text(req: ChatCompletionRequest) -> None:
             if len(text) > MAX_TEXT_CHARS:
                 raise InvalidRequest(f"{param}: the text is longer than {MAX_TEXT_CHARS} characters", param=param,
                                      code="text_too_long")
+            if not text.isascii() and not _is_unicode(text):  # a tokenizer would fail on it: a 500 on the GPU
+                raise InvalidRequest(f"{param}: the text is not valid Unicode (a lone surrogate escape such as "
+                                     "\\ud800)", param=param)
             total += len(text)
     if total > MAX_TEXT_CHARS:
         raise InvalidRequest(f"the messages' text is longer than {MAX_TEXT_CHARS} characters in all",

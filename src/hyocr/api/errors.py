@@ -101,8 +101,9 @@ def validation_message(errors: list) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     err = _chosen(errors)
-    if err.get("type") == "json_invalid":
-        return "request body is not valid JSON", None
+    if err.get("type") == "json_invalid":  # where, when the parser says (a lone surrogate's escape, a cut body)
+        where = str((err.get("ctx") or {}).get("error") or "")[:200]
+        return "request body is not valid JSON" + (f": {where}" if where else ""), None
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
     fields = [p for p in loc if not _BRANCH.match(p)]
     param = ".".join(p for i, p in enumerate(fields) if i == 0 or p != fields[i - 1] or p.isdigit()) or None
