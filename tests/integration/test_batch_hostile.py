@@ -247,6 +247,44 @@ def test_a_file_past_the_byte_cap_is_refused(fake_server_factory):
     assert requests.get(f"{server.url}/v1/files", timeout=10).json()["data"] == []  # nothing kept
 
 
+def test_the_callers_byte_quota_holds_for_uploads_at_once_and_for_upload_delete_loops(fake_server_factory):
+    # Ten uploads of 1.8 MB at once against a 5 MB quota were all kept (each passed the check before any was
+    # stored), and uploading and deleting in a loop grew the database past it (a deleted file's parts stay
+    # for its grace period). Both held now: what is on disk for a caller stays within the quota.
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = fake_server_factory(ui=False, job_max_stored_bytes=500_000, file_max_bytes=400_000)
+    data = b"x" * 180_000
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: _upload(server.url, data, headers={}), range(8)))
+    kept = [r for r in answers if r.status_code == 200]
+    assert 1 <= len(kept) <= 2 and len(kept) * len(data) <= 500_000, [r.status_code for r in answers]
+    for r in answers:
+        if r.status_code != 200:
+            _is_error(r, 429, "too_many_file_bytes")
+    listed = requests.get(f"{server.url}/v1/files", timeout=10).json()["data"]
+    assert sorted(f["id"] for f in listed) == sorted(r.json()["id"] for r in kept)  # the refused are not kept
+    for r in kept:
+        assert requests.delete(f"{server.url}/v1/files/{r.json()['id']}", timeout=10).status_code == 200
+    refused = 0
+    for _ in range(4):  # upload, delete, upload...: the deleted still count while their parts are kept
+        r = _upload(server.url, data, headers={})
+        if r.status_code == 200:
+            requests.delete(f"{server.url}/v1/files/{r.json()['id']}", timeout=10)
+        else:
+            refused += 1
+            assert "deleted file counts" in _is_error(r, 429, "too_many_file_bytes")["message"]
+    assert refused >= 3
+
+
+def test_a_utf16_file_is_refused_as_such_not_read_as_mangled_lines(server):
+    # PowerShell's default encoding: three requests became one read line, two invalid_json_line and a phantom
+    line = json.dumps({"custom_id": "r1", "method": "POST", "url": "/v1/ocr", "body": {"image": PNG}})
+    for data in ((line + "\r\n").encode("utf-16"), (line + "\n").encode("utf-16-le")):
+        error = _is_error(_upload(server.url, data), 400, "invalid_encoding", "file")
+        assert "UTF-8" in error["message"]
+
+
 def test_a_batch_file_may_be_larger_than_a_request_body_but_not_than_its_own_cap(fake_server_factory):
     """FILE_MAX_BYTES is /v1/files' cap, not MAX_BODY_BYTES (which every other route keeps)."""
     server = fake_server_factory(ui=False, max_body_bytes=64 * 1024, file_max_bytes=256 * 1024)

@@ -117,6 +117,28 @@ def test_object_uris_that_two_parsers_could_read_differently_are_refused(text):
     assert caught.value.code == "invalid_object_uri" and caught.value.param == "image"
 
 
+@pytest.mark.parametrize("text", ["s3://results/tenantA/..", "s3://results/tenantA/.", "s3://results/..",
+                                  "gs://results/a/../", "s3://results/a//"])
+def test_output_prefixes_ending_in_dot_segments_are_refused(text):
+    # "s3://results/tenantA/.." passed (the last part was not checked), was stored as ".../tenantA/../", and
+    # every export of it failed and was tried again for ever (a batch stuck in finalizing)
+    with pytest.raises(InvalidRequest) as caught:
+        parse_object_uri(text, param="output_uri", prefix=True)
+    assert caught.value.code == "invalid_object_uri"
+
+
+def test_a_stored_output_uri_that_is_no_longer_valid_fails_its_export_once():
+    import asyncio
+
+    from hyocr.jobs.exports import export_batch
+
+    class Batch:
+        id, output_uri = "batch_x", "s3://results/tenantA/../"
+
+    outcome = asyncio.run(export_batch(Batch(), store=None, objects=None))
+    assert outcome["status"] == "failed" and "'..'" in outcome["error"] and outcome["written"] == 0
+
+
 def test_object_uris_parse_strictly():
     uri = parse_object_uri("s3://corpus-2026/scans/a.png")
     assert (uri.scheme, uri.bucket, uri.key, uri.path) == ("s3", "corpus-2026", "scans/a.png", "corpus-2026/scans/a.png")
@@ -149,9 +171,19 @@ def test_a_request_naming_credentials_is_refused():
         assert caught.value.code == "credentials_not_accepted" and caught.value.param == field
 
 
-@pytest.mark.parametrize("custom_id", ["a/b", "../x", "..", ".", "manifest", "%6Danifest", "r 1?#", "汉字", "a" * 300])
+@pytest.mark.parametrize("custom_id", ["a/b", "../x", "..", ".", "manifest", "%6Danifest", "r 1?#", "汉字", "a" * 183])
 def test_object_names_stay_below_the_prefix_and_never_collide(custom_id):
     name = object_name(custom_id)
     assert "/" not in name and name != MANIFEST and name.endswith(".json")
     assert name not in (".json", "..json") or custom_id in (".", "..")
     assert unquote(name[:-len(".json")]) == custom_id  # reversible, so two custom_ids never share an object
+
+
+@pytest.mark.parametrize("custom_id", ["票" * 512, "a" * 512, "a" * 182 + "票" * 10])
+def test_long_custom_ids_name_objects_s3_takes(custom_id):
+    # 512 characters of CJK percent-encode to 4.6 kB: S3 takes 1024 bytes of key. Cut, not half an escape,
+    # with a hash of the whole id: another id sharing the first 183 characters gets another object
+    name = object_name(custom_id)
+    assert len(name) <= 205 and "/" not in name and not name.split("~")[0].endswith(("%", "%E"))
+    assert object_name(custom_id + "x") != name and object_name(custom_id) == name
+    assert unquote(name.split("~")[0]) == custom_id[:len(unquote(name.split("~")[0]))]

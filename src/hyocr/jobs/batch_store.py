@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sqlalchemy import and_, case, delete, exists, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, case, delete, exists, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from . import paging
@@ -24,6 +24,7 @@ from .schema import batch_chunks, batch_lines, batches
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")  # anything else is no batch of ours (checked before the database)
 ENDED = ("failed", "completed", "expired", "cancelled")
+CLOSE_GROUP = 1000  # open lines closed in one transaction when a batch is cancelled or expires
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,12 +260,17 @@ class BatchStore:
                              .values(state="done", lease_until=None))
             rows = (await db.execute(select(batch_lines.c.n, batch_lines.c.custom_id).where(
                 batch_lines.c.batch_id == batch_id, batch_lines.c.status_code.is_(None)))).all()
-            for n, custom_id in rows:
-                answer = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": None,
-                          "error": {"code": code, "message": message}}
-                await db.execute(update(batch_lines).where(
-                    batch_lines.c.batch_id == batch_id, batch_lines.c.n == n,
-                    batch_lines.c.status_code.is_(None)).values(status_code=0, answer=answer, request=None))
+        # One statement a group, each group its own transaction: row by row in one transaction, cancelling
+        # 50,000 lines held SQLite's write lock for 11 s, and every caller's writes waited on it.
+        closing = update(batch_lines).where(
+            batch_lines.c.batch_id == batch_id, batch_lines.c.n == bindparam("line"),
+            batch_lines.c.status_code.is_(None)).values(status_code=0, answer=bindparam("closed"), request=None)
+        for start in range(0, len(rows), CLOSE_GROUP):
+            async with self.engine.begin() as db:
+                await db.execute(closing, [
+                    {"line": n, "closed": {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
+                                           "response": None, "error": {"code": code, "message": message}}}
+                    for n, custom_id in rows[start:start + CLOSE_GROUP]])
         return len(rows)
 
     async def answers(self, batch_id: str, *, after: int, limit: int

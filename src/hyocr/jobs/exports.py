@@ -15,6 +15,7 @@ it, and one that dies mid-way leaves it to be written again: objects are overwri
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from urllib.parse import quote
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ..errors import HyocrError
 from ..pipeline.objects import ObjectStore, ObjectUri, ObjectWriteError, parse_object_uri
 from .codec import json_bytes
 from .loops import passes
@@ -36,13 +38,36 @@ MAX_REPORTED = 100
 _FINISHED = ("succeeded", "failed", "cancelled")
 
 
+NAME_CHARS = 200  # of an object's name: S3 takes 1024 bytes of key, and 512 characters of CJK custom_id
+# percent-encode to 4.6 kB (moto accepts it; S3 would refuse every such object at export)
+
+
 def object_name(custom_id: str) -> str:
     """A line's object name: its custom_id percent-encoded (no ``/``, so no key escapes the prefix), never
-    the manifest's name."""
+    the manifest's name; a long one cut, with a hash of the whole id to keep it unique (the manifest maps
+    each custom_id to its object)."""
     name = quote(custom_id, safe="-_.~")
     if name == "manifest":
         name = "%6Danifest"
+    if len(name) > NAME_CHARS:
+        kept, size = [], 0
+        for char in custom_id:  # whole characters, each as its escapes
+            part = quote(char, safe="-_.~")
+            if size + len(part) > NAME_CHARS - 17:
+                break
+            kept.append(part)
+            size += len(part)
+        name = f"{''.join(kept)}~{hashlib.sha256(custom_id.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
     return f"{name}.json"
+
+
+def _prefix(uri: str) -> tuple[ObjectUri | None, str | None]:
+    """The output prefix, or why it cannot be one (a URI stored before today's checks): a failed export,
+    said once, not one retried for ever."""
+    try:
+        return parse_object_uri(uri, prefix=True), None
+    except HyocrError as exc:
+        return None, exc.message
 
 
 async def write(objects: ObjectStore, uri: ObjectUri, body: object) -> str | None:
@@ -61,7 +86,10 @@ async def write(objects: ObjectStore, uri: ObjectUri, body: object) -> str | Non
 
 async def export_batch(batch, store, objects: ObjectStore, *, page: int = 500) -> dict:
     """Each answered line to its object, then the manifest; the outcome for the batch's ``output_export``."""
-    prefix = parse_object_uri(batch.output_uri, prefix=True)
+    prefix, invalid = _prefix(batch.output_uri)
+    if prefix is None:
+        log.warning("batch %s output failed: %s", batch.id, invalid)
+        return {"status": "failed", "manifest": None, "written": 0, "failed": 0, "error": invalid, "refused": []}
     entries: list[dict] = []
     gate = asyncio.Semaphore(CONCURRENCY)
 
@@ -139,16 +167,17 @@ class JobExports:
 
     async def _export(self, job_id: str) -> None:
         body, job = await self.document(job_id)
-        prefix = parse_object_uri(job.output_uri, prefix=True)
-        failed = None
-        if body is not None:
+        prefix, failed = _prefix(job.output_uri)
+        if prefix is None:
+            body = None
+        elif body is not None:
             failed = await write(self.objects, prefix.child("result.json"), body)
         manifest = {"object": "ocr.job.manifest", "job": job.id, "status": job.status,
                     "pages": {"total": job.pages_total, "done": job.pages_done, "failed": job.pages_failed},
                     "result": None if body is None or failed else str(prefix.child("result.json")),
                     "error": failed, "created_at": int(job.created_at),
                     "finished_at": int(job.finished_at) if job.finished_at else None}
-        failed = failed or await write(self.objects, prefix.child(MANIFEST), manifest)
+        failed = failed or await write(self.objects, prefix.child(MANIFEST), manifest)  # type: ignore[union-attr]
         async with self.engine.begin() as db:
             await db.execute(update(jobs).where(jobs.c.id == job_id).values(
                 output_state="failed" if failed else "written", output_error=failed and failed[:1024],

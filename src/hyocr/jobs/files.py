@@ -29,6 +29,23 @@ from .schema import file_parts, files
 
 PART = 4 * 1024 * 1024
 PURPOSES = ("batch",)  # what a caller may upload; a batch's own files are "batch_output"
+
+
+def refuse_utf16(head: bytes, *, param: str) -> None:
+    """A JSONL file's first bytes: UTF-16 or UTF-32 (PowerShell's default encoding writes it with a byte order
+    mark) is refused as what it is. Read as UTF-8 its lines were mangled into invalid lines and a phantom one."""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(head) >= 2 and 0 in head[:2]):
+        raise InvalidRequest("the file is UTF-16 or UTF-32 text; JSONL is UTF-8: save it as UTF-8", param=param,
+                             code="invalid_encoding")
+
+
+async def _checked_start(parts: AsyncIterator[bytes], param: str) -> AsyncIterator[bytes]:
+    head = b""
+    async for data in parts:
+        if len(head) < 4:
+            head += data[:4]
+            refuse_utf16(head, param=param)
+        yield data
 ABANDONED = 3600.0  # seconds after which an upload that never completed is swept
 DELETE_GRACE = 600.0  # seconds a deleted file's parts outlive it, for the reads that began before the delete
 DELETED = 2  # ``complete`` of a deleted file: hidden, swept after DELETE_GRACE
@@ -109,7 +126,7 @@ class FileStore:
                 await db.execute(update(files).where(files.c.id == file_id).values(
                     bytes=size, complete=1, lines=counter.close() if counter is not None else None))
         except BaseException:
-            await self._drop(file_id)
+            await self.drop(file_id)
             raise
         return FileRecord(file_id, owner, filename, purpose, size, counter.lines if counter else None, now,
                           expires_at)
@@ -118,7 +135,7 @@ class FileStore:
         async with self.engine.begin() as db:
             await db.execute(insert(file_parts).values(file_id=file_id, n=n, data=data))
 
-    async def _drop(self, file_id: str) -> None:
+    async def drop(self, file_id: str) -> None:
         async with self.engine.begin() as db:
             await db.execute(delete(file_parts).where(file_parts.c.file_id == file_id))
             await db.execute(delete(files).where(files.c.id == file_id))
@@ -174,9 +191,11 @@ class FileStore:
         return [_record(r) for r in rows[:limit]], len(rows) > limit
 
     async def stored(self, owner: str) -> int:
+        """The bytes ``owner``'s files hold on disk: a deleted file's too, until its parts are swept (an upload
+        and delete loop filled the disk past the quota)."""
         async with self.engine.connect() as db:
             return int(await db.scalar(select(func.coalesce(func.sum(files.c.bytes), 0)).where(
-                files.c.owner == owner, files.c.complete != DELETED)) or 0)
+                files.c.owner == owner)) or 0)
 
     # ------------------------------------------------------------------ deleting
 
@@ -196,7 +215,7 @@ class FileStore:
                 files.c.expires_at < now, and_(files.c.complete == 0, files.c.created_at < now - ABANDONED)))
                 .limit(200))).all()
         for file_id in gone:
-            await self._drop(file_id)
+            await self.drop(file_id)
         return len(gone)
 
 
@@ -218,14 +237,27 @@ class Files:
                                   param="file")
         stored, room = await self.store.stored(owner), self.settings.job_max_stored_bytes
         if stored + size > room:
-            raise RateLimited(f"your files hold {stored} bytes; this one ({size} bytes) would pass the "
-                              f"{room} bytes kept per caller: delete files you no longer need",
-                              code="too_many_file_bytes", headers={"Retry-After": "60"})
+            raise self._over(stored, size, room)
         now = time.time()
         keep = expires_after if expires_after is not None else self.settings.job_retention
         filename = "".join(c for c in filename if c.isprintable())[:512]  # no NUL or line breaks to store
-        return await self.store.write(owner=owner, filename=filename or "upload.jsonl", purpose=purpose,
-                                      parts=parts, expires_at=now + keep, count_lines=True, max_bytes=cap)
+        record = await self.store.write(owner=owner, filename=filename or "upload.jsonl", purpose=purpose,
+                                        parts=_checked_start(parts, "file"), expires_at=now + keep,
+                                        count_lines=True, max_bytes=cap)
+        # Counted again with this file in: uploads in flight together each passed the check above (a file counts
+        # its bytes once stored), and ten of them held 3.6x the quota. Past it now, this one goes, unseen.
+        stored = await self.store.stored(owner)
+        if stored > room:
+            await self.store.drop(record.id)
+            raise self._over(stored - record.bytes, record.bytes, room)
+        return record
+
+    @staticmethod
+    def _over(stored: int, size: int, room: int) -> RateLimited:
+        return RateLimited(f"your files hold {stored} bytes; this one ({size} bytes) would pass the {room} bytes "
+                           f"kept per caller: delete files you no longer need (a deleted file counts for "
+                           f"{DELETE_GRACE / 60:g} more minutes, while reads it had begun finish)",
+                           code="too_many_file_bytes", headers={"Retry-After": "60"})
 
     async def get(self, owner: str, file_id: str) -> FileRecord:
         found = await self.store.get(owner, file_id)

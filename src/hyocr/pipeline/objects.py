@@ -106,8 +106,8 @@ def parse_object_uri(text: str, *, param: str = "uri", prefix: bool = False) -> 
     if len(key) > _MAX_KEY:
         raise invalid(f"the key is longer than {_MAX_KEY} characters")
     parts = key.split("/")
-    inner = parts[:-1] if prefix else parts
-    if key.startswith("/") or any(p in ("", ".", "..") for p in inner):
+    inner = parts[:-1] if prefix else parts  # a prefix may end in "/" (its last part empty), never in "." or ".."
+    if key.startswith("/") or any(p in ("", ".", "..") for p in inner) or parts[-1] in (".", ".."):
         raise invalid("empty, '.' or '..' segments are not accepted in the key")
     if not prefix and not key:
         raise invalid("expected an object's key after the bucket")
