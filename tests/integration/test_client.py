@@ -83,31 +83,32 @@ def test_timeout_after_every_attempt(fake_server_factory):
 @pytest.mark.parametrize("client_class", [HyocrClient, AsyncHyocrClient])
 def test_a_document_longer_than_the_timeout_is_read_when_each_page_is_within_it(fake_server_factory, tmp_path,
                                                                                 client_class):
-    # A PDF of six pages, two at a time (the fake engine's two workers) at 0.5 s each: 1.5 s in all against a
-    # 1 s timeout. Timed whole, it failed and was read again by each retry (3 x 6 pages of work); a document is
-    # read as the page stream, the timeout bounds each page's wait, and the caller gets the whole result.
+    # A PDF of twenty small pages, two at a time (the fake engine's two workers) at 0.3 s each: ~3 s in all
+    # against a 2 s timeout, each page's wait well within it (margins for a loaded 2-core machine). Timed whole,
+    # it failed and was read again by each retry; a document is read as the page stream, the timeout bounds
+    # each page's wait, and the caller gets the whole result without asking for pages.
     import asyncio
 
     from pdfs import text_pdf
 
     server = fake_server_factory()
-    path = tmp_path / "six.pdf"
-    path.write_bytes(text_pdf([[f"page {n}"] for n in range(6)]))
-    options = {"task": "vqa", "question": "[[fake:busy=0.5]]"}
+    path = tmp_path / "twenty.pdf"
+    path.write_bytes(text_pdf([[f"page {n}"] for n in range(20)], page_size=(200, 120)))
+    options = {"task": "vqa", "question": "[[fake:busy=0.3]]"}
     with HyocrClient(server.url, timeout=60) as client:  # the PDF renderer's processes started
         client.ocr(text_pdf([["warm"]]), task="vqa", question="x")
     server.engine.requests.clear()
     started = time.monotonic()
     if client_class is HyocrClient:
-        with HyocrClient(server.url, timeout=1.0, backoff=0.05) as client:
+        with HyocrClient(server.url, timeout=2.0, backoff=0.05) as client:
             result = client.ocr(path, **options)
     else:
         async def read():
-            async with AsyncHyocrClient(server.url, timeout=1.0, backoff=0.05) as client:
+            async with AsyncHyocrClient(server.url, timeout=2.0, backoff=0.05) as client:
                 return await client.ocr(path.read_bytes(), **options)
         result = asyncio.run(read())
-    assert time.monotonic() - started > 1.4  # longer than the timeout in all
-    assert [p.index for p in result.pages] == list(range(6)) and len(server.engine.requests) == 6  # no retry
+    assert time.monotonic() - started > 2.0  # longer than the timeout in all
+    assert [p.index for p in result.pages] == list(range(20)) and len(server.engine.requests) == 20  # no retry
     assert "stream" not in result.raw  # the body as a non-streamed call gets it
 
 

@@ -225,3 +225,67 @@ async def test_async_client_makes_the_same_decisions():
         with pytest.raises(hc.ServerError) as info:
             await client.ocr(b"img")
         assert info.value.attempts == 1 and len(script.requests) == 4
+
+
+def sse(*events: dict | str) -> httpx.Response:
+    """A /v1/ocr page stream of ``events`` (dicts as data lines; "[DONE]" as it is)."""
+    text = "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
+    return httpx.Response(200, content=text.encode(), headers={"content-type": "text/event-stream",
+                                                                "x-request-id": "rid-s"})
+
+
+PAGE = {"object": "ocr.page", "page": OCR_BODY["pages"][0], "completed": 1, "total": 2}
+STOPPING = {"error": {"message": "the server is shutting down", "type": "service_unavailable",
+                      "param": None, "code": "shutting_down"}}
+PDF = b"%PDF-1.7\n..."
+
+
+@pytest.mark.parametrize("cut", [STOPPING, None])
+def test_a_document_stream_that_fails_before_a_page_was_handed_over_is_tried_again(cut):
+    # A rolling deploy's 503 came as an error event, or the stream ended before its result: an image's call
+    # retried it, a document's (streamed) raised it at once as a plain APIError
+    first = sse(PAGE, cut, "[DONE]") if cut else sse(PAGE)
+    script = Script(first, sse(PAGE, {**OCR_BODY}, "[DONE]"))
+    client, sleeps = make(script)
+    assert client.ocr(PDF).text == "HELLO" and len(script.requests) == 2 and len(sleeps) == 1
+    if cut:
+        assert sleeps[0] >= 1.0  # the 503's wait, as a 503 answered before the stream would have said
+
+
+def test_a_stream_that_fails_after_a_page_was_handed_over_raises_its_typed_error_once():
+    script = Script(sse(PAGE, STOPPING, "[DONE]"), sse(PAGE, {**OCR_BODY}, "[DONE]"))
+    client, _ = make(script)
+    given = []
+    with pytest.raises(hc.ServiceUnavailable) as info:
+        client.ocr(PDF, on_page=lambda page, done, total: given.append(done))
+    assert given == [1] and len(script.requests) == 1  # the page is not handed over twice
+    assert (info.value.code, info.value.request_id) == ("shutting_down", "rid-s")
+    deadline = sse({"error": {"message": "past the deadline", "type": "timeout_error", "code": None}}, "[DONE]")
+    client, _ = make(Script(deadline))
+    with pytest.raises(hc.ServiceUnavailable) as info:  # hyocr's own 504: it would pass again
+        client.ocr(PDF)
+    assert info.value.status == 504 and info.value.attempts == 1
+
+
+async def test_the_async_client_tries_a_failed_document_stream_again_too():
+    script = Script(sse(PAGE, STOPPING, "[DONE]"), sse(PAGE, {**OCR_BODY}, "[DONE]"))
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    async with AsyncHyocrClient("http://hyocr.test", transport=httpx.MockTransport(script), sleep=sleep) as client:
+        assert (await client.ocr(PDF)).text == "HELLO"
+    assert len(script.requests) == 2 and len(sleeps) == 1
+
+
+def test_a_total_timeout_bounds_a_document_read_page_by_page():
+    state = RetryState(timeout=3.0, max_retries=2, backoff=0.1, total_timeout=5.0)
+    default = RetryState(timeout=3.0, max_retries=2, backoff=0.1)
+    import time
+
+    before = default.deadline
+    time.sleep(0.01)
+    assert default.progressed() > before  # a page came: the default's room moves with it
+    fixed = state.deadline
+    assert state.progressed() == fixed  # the caller's bound stays

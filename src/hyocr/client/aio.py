@@ -10,6 +10,7 @@ import httpx
 
 from .base import _Base
 from .calls import HEALTH, MODELS, READY, Call, ImageInput, OcrOptions, chat_call, ocr_call
+from .errors import error_from_response
 from .jobs import (
     Job,
     JobList,
@@ -23,7 +24,16 @@ from .jobs import (
     submit_call,
     webhook_secret_call,
 )
-from .results import Delivered, OcrResult, Page, is_event_stream, paced, read_events_async, stream_cut
+from .results import (
+    Delivered,
+    OcrResult,
+    Page,
+    StreamedError,
+    is_event_stream,
+    paced,
+    read_events_async,
+    stream_cut,
+)
 
 
 class AsyncHyocrClient(_Base):
@@ -43,10 +53,17 @@ class AsyncHyocrClient(_Base):
                 async with asyncio.timeout(timeout) as limit:  # the whole answer, not each read (sync.py: why)
                     async with self._http.stream(call.method, call.path, timeout=timeout, headers=headers,
                                                  **call.kwargs) as response:
-                        if call.stream and is_event_stream(response):  # a page stream: the wait for each
-                            return await read_events_async(paced(response.aiter_lines(), limit, timeout), pages)
-                        await response.aread()
-                        result = response
+                        if not (call.stream and is_event_stream(response)):
+                            await response.aread()
+                            result = response
+                        else:  # a page stream: the wait for each page is bounded (sync.py: the errors)
+                            try:
+                                return await read_events_async(
+                                    paced(response.aiter_lines(), limit, timeout, state), pages)
+                            except StreamedError as exc:
+                                result = exc.as_response(response)
+                                if pages.count:
+                                    raise error_from_response(result) from None
             except TimeoutError:
                 result = httpx.ReadTimeout(f"no whole answer within {timeout:g} s")
             except httpx.TransportError as exc:

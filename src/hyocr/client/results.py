@@ -6,11 +6,14 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from .errors import APIError, ConnectionFailed
+
+if TYPE_CHECKING:
+    from .retry import RetryState
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +72,30 @@ class OcrResult:
                    body.get("markdown"))
 
 
-_EVENT_STATUS = {"timeout_error": 504, "service_unavailable": 503}
+_EVENT_STATUS = {"timeout_error": 504, "service_unavailable": 503, "invalid_request_error": 400}
+
+
+class StreamedError(Exception):
+    """An error event: the answer the server would have given before the stream began (a 503 when it stops
+    for a deploy, a 504 past the deadline), made a response so that the retry decision is the same."""
+
+    def __init__(self, detail: dict) -> None:
+        super().__init__(detail.get("message", "error"))
+        self.detail = detail
+
+    def as_response(self, stream: httpx.Response) -> httpx.Response:
+        status = _EVENT_STATUS.get(self.detail.get("type"), 500)
+        headers = {"x-request-id": stream.headers.get("x-request-id", "")}
+        if status == 503:  # the server's 503s say when to come back; an event has no header: its default
+            headers["retry-after"] = "1"
+        return httpx.Response(status, json={"error": self.detail}, headers=headers, request=stream.request)
+
+
+class StreamEnded(httpx.RemoteProtocolError):
+    """The stream ended before its result: a connection failure (tried again when no page was handed over)."""
+
+    def __init__(self) -> None:
+        super().__init__("the event stream ended before the result")
 
 
 class Delivered:
@@ -96,25 +122,29 @@ def stream_cut(exc: Exception, pages: int, request_id: str) -> ConnectionFailed:
                             "again, which would read and hand over those pages twice", request_id=request_id)
 
 
-def within(chunks: Iterable[Any], deadline: float, response: httpx.Response, *, idle: float | None = None
-           ) -> Iterator[Any]:
+def within(chunks: Iterable[Any], deadline: float, response: httpx.Response, *, idle: float | None = None,
+           state: RetryState | None = None) -> Iterator[Any]:
     """``chunks`` until ``deadline`` (time.monotonic): past it, httpx's ReadTimeout, as a silent server gets.
     ``idle``: the deadline moves that far past each chunk (a page stream: a long document goes on while its
-    pages come; what is bounded is the wait for the next one)."""
+    pages come; what is bounded is the wait for the next one), never past the call's (``state``)."""
     for chunk in chunks:
         if time.monotonic() > deadline:
             raise httpx.ReadTimeout("no whole answer within the attempt's timeout", request=response.request)
         if idle is not None:
             deadline = time.monotonic() + idle
+            if state is not None:
+                deadline = min(deadline, state.progressed())
         yield chunk
 
 
-async def paced(lines: AsyncIterator[str], limit: Any, idle: float) -> AsyncIterator[str]:
-    """``lines``, the ``asyncio.timeout`` ``limit`` moved ``idle`` seconds past each (as ``within``'s idle)."""
+async def paced(lines: AsyncIterator[str], limit: Any, idle: float, state: RetryState) -> AsyncIterator[str]:
+    """``lines``, the ``asyncio.timeout`` ``limit`` moved ``idle`` seconds past each (as ``within``'s idle),
+    never past the call's deadline (on time.monotonic; the limit is on the loop's clock)."""
     import asyncio
 
     async for line in lines:
-        limit.reschedule(asyncio.get_running_loop().time() + idle)
+        left = min(idle, state.progressed() - time.monotonic())
+        limit.reschedule(asyncio.get_running_loop().time() + left)
         yield line
 
 
@@ -131,14 +161,14 @@ def read_events(lines: Iterable[str], on_page: Callable[[Page, int, int], None])
     for line in lines:
         if (result := _event(line, on_page)) is not None:
             return result
-    raise ConnectionFailed("the event stream ended before the result")
+    raise StreamEnded
 
 
 async def read_events_async(lines: AsyncIterator[str], on_page: Callable[[Page, int, int], None]) -> OcrResult:
     async for line in lines:
         if (result := _event(line, on_page)) is not None:
             return result
-    raise ConnectionFailed("the event stream ended before the result")
+    raise StreamEnded
 
 
 def _event(line: str, on_page: Callable[[Page, int, int], None]) -> OcrResult | None:
@@ -153,9 +183,7 @@ def _parsed_event(line: str, on_page: Callable[[Page, int, int], None]) -> OcrRe
         return None
     event = json.loads(line[6:])
     if "error" in event:  # a failure after the stream had started
-        detail = event["error"]
-        raise APIError(_EVENT_STATUS.get(detail.get("type"), 500), detail.get("message", "error"),
-                       type=detail.get("type"), code=detail.get("code"))
+        raise StreamedError(dict(event["error"]))
     if event.get("object") == "ocr.page":
         on_page(Page.from_json(event["page"]), event["completed"], event["total"])
     elif event.get("object") == "ocr.result":

@@ -19,14 +19,23 @@ class RetryState:
     def __init__(self, timeout: float, max_retries: int, backoff: float, total_timeout: float | None = None,
                  uniform: Callable[[float, float], float] = random.uniform) -> None:
         self.timeout, self.max_retries, self.backoff, self.uniform = timeout, max_retries, backoff, uniform
+        self.explicit = total_timeout is not None  # the caller's bound on the whole call, documents included
         if total_timeout is None:
             backoffs = sum(self.nominal_backoff(n) for n in range(1, max_retries + 1))
             total_timeout = (max_retries + 1) * timeout + backoffs
+        self.total = total_timeout
         self.deadline = time.monotonic() + total_timeout
         self.attempt, self.call_id = 0, uuid.uuid4().hex
 
     def nominal_backoff(self, retry: int) -> float:
         return min(BACKOFF_CAP, self.backoff * 2 ** (retry - 1))
+
+    def progressed(self) -> float:
+        """A page came: the default deadline (room for the attempts) moves past it, so that a long document
+        read page by page keeps its retries; a ``total_timeout`` the caller gave stays. The deadline."""
+        if not self.explicit:
+            self.deadline = max(self.deadline, time.monotonic() + self.total)
+        return self.deadline
 
     def start(self) -> tuple[float, str]:
         """Begin an attempt: its timeout (never past the deadline) and its X-Request-ID."""

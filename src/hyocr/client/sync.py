@@ -10,6 +10,7 @@ import httpx
 
 from .base import _Base
 from .calls import HEALTH, MODELS, READY, Call, ImageInput, OcrOptions, chat_call, ocr_call
+from .errors import error_from_response
 from .jobs import (
     Job,
     JobList,
@@ -23,7 +24,17 @@ from .jobs import (
     submit_call,
     webhook_secret_call,
 )
-from .results import Delivered, OcrResult, Page, is_event_stream, read_events, stream_cut, whole, within
+from .results import (
+    Delivered,
+    OcrResult,
+    Page,
+    StreamedError,
+    is_event_stream,
+    read_events,
+    stream_cut,
+    whole,
+    within,
+)
 
 
 class HyocrClient(_Base):
@@ -45,9 +56,16 @@ class HyocrClient(_Base):
             try:
                 with self._http.stream(call.method, call.path, timeout=timeout, headers=headers,
                                        **call.kwargs) as response:
-                    if call.stream and is_event_stream(response):
-                        return read_events(within(response.iter_lines(), deadline, response, idle=timeout), pages)
-                    result = whole(within(response.iter_raw(), deadline, response), response)
+                    if not (call.stream and is_event_stream(response)):
+                        result = whole(within(response.iter_raw(), deadline, response), response)
+                    else:
+                        try:
+                            return read_events(within(response.iter_lines(), deadline, response, idle=timeout,
+                                                      state=state), pages)
+                        except StreamedError as exc:  # decided as that answer before the stream would be
+                            result = exc.as_response(response)
+                            if pages.count:  # ... unless pages were handed over: a retry would give them again
+                                raise error_from_response(result) from None
             except httpx.TransportError as exc:
                 if pages.count:  # cut mid-stream: a retry would hand the pages already given over again
                     raise stream_cut(exc, pages.count, request_id) from exc
