@@ -102,6 +102,15 @@ def test_a_pdf_whose_first_pages_cannot_be_rendered_is_a_job_with_error_pages(ra
             if failed:
                 assert page["error"].startswith(f"page {page['index'] + 1}:"), page
         assert done["pages"]["failed"] == sum(i < 2 for i in expected)
+    # A document of one page that cannot be rendered is refused at submit, saying why, as before; one page
+    # selected alone fails its job with that page's own message (it said "every page failed", not why).
+    r = requests.post(f"{rapid_jobs.url}/v1/jobs", json={"image": _b64(pdfs.pages_pdf([giant])), "task": "text"},
+                      headers=ALICE, timeout=60)
+    assert r.status_code == 413 and "inches" in r.json()["error"]["message"], r.text
+    r = requests.post(f"{rapid_jobs.url}/v1/jobs", json={"image": _b64(document), "task": "text", "pages": "1"},
+                      headers=ALICE, timeout=60)
+    done = _wait(rapid_jobs.url, r.json()["id"], headers=ALICE)
+    assert done["status"] == "failed" and "inches" in done["error"]["message"], done
 
 
 def test_a_retried_submit_with_the_same_key_is_the_same_job(rapid_jobs):

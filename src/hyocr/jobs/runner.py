@@ -165,7 +165,9 @@ class JobRunner:
         else:
             by_n = dict(zip(claim.items, claim.call.media, strict=False))
             call = replace(claim.call, media=tuple(by_n[item] for _, item in todo), pages=None)
-        call = replace(call, priority=BACKGROUND, document_range=claim.pdf)
+        # A document of several pages keeps a page that cannot be rendered as its error page, even when a whole
+        # range is such pages; one page alone is read as a request is (its refusal is the job's error).
+        call = replace(call, priority=BACKGROUND, document_range=claim.pdf and claim.pages_total > 1)
         positions = [pos for pos, _ in todo]
         events = self.service.read(call, request_id=f"{claim.job_id}-r{claim.range_id}")
         async with contextlib.aclosing(events):

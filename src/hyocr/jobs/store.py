@@ -80,6 +80,7 @@ class Claim:
     attempts: int
     pdf: bool
     call: OcrCall
+    pages_total: int = 0  # the job's: a document of one page is read as one request (its failure says why)
 
 
 def database_url(settings) -> str:
@@ -351,8 +352,13 @@ class JobStore:
             total, failed = (await db.execute(select(func.count(), func.sum(pages.c.failed))
                                               .where(pages.c.job_id == job_id))).one()
             status = "failed" if total and failed == total else "succeeded"
-            error = {"message": "every page failed", "type": "job_error", "code": "all_pages_failed"} \
-                if status == "failed" else None
+            error = None
+            if status == "failed":  # why, in the first page's words (a one-page document: the whole reason)
+                first = await db.scalar(select(pages.c.result).where(pages.c.job_id == job_id)
+                                        .order_by(pages.c.position).limit(1))
+                why = str((first or {}).get("error") or "")[:500]
+                error = {"message": "every page failed" + (f"; the first: {why}" if why else ""),
+                         "type": "job_error", "code": "all_pages_failed"}
             ended = await db.execute(update(jobs).where(jobs.c.id == job_id, jobs.c.status == "running").values(
                 status=status, finished_at=now, expires_at=now + retention, error=error))
             if not ended.rowcount:
@@ -361,8 +367,8 @@ class JobStore:
         return await self.get(None, job_id)
 
 async def _claim(db, range_id: int) -> Claim:
-    row = (await db.execute(select(ranges, jobs.c.call, jobs.c.pdf).join(jobs, jobs.c.id == ranges.c.job_id)
-                            .where(ranges.c.id == range_id))).mappings().one()
+    row = (await db.execute(select(ranges, jobs.c.call, jobs.c.pdf, jobs.c.pages_total)
+                            .join(jobs, jobs.c.id == ranges.c.job_id).where(ranges.c.id == range_id))).mappings().one()
     items = tuple(row["items"])
     pdf = bool(row["pdf"])
     wanted = [0] if pdf else list(items)
@@ -370,7 +376,8 @@ async def _claim(db, range_id: int) -> Claim:
         inputs.c.job_id == row["job_id"], inputs.c.n.in_(wanted)))).all()
     by_n = {n: MediaInput(bytes(data), param) for n, param, data in media}
     call = replace(codec.call_from_json(row["call"]), media=tuple(by_n[n] for n in wanted if n in by_n))
-    return Claim(row["id"], row["job_id"], tuple(row["positions"]), items, row["attempts"], pdf, call)
+    return Claim(row["id"], row["job_id"], tuple(row["positions"]), items, row["attempts"], pdf, call,
+                 row["pages_total"] or 0)
 
 
 async def _delete_jobs(db, job_ids: list[str]) -> None:

@@ -188,6 +188,8 @@ class PageLoader:
                 raws.append(m.data)
         plain = tuple(MediaInput(raw, m.param) for raw, m in zip(raws, media, strict=True))
         found = await self.preview(plain, document=True) if accept_pdf or not any(map(is_document, raws)) else None
+        if found is not None and found.pdf and found.pages == 1 and found.first.error is not None:
+            await self.preview(plain)  # a document of one page that cannot be rendered: refused now, saying why
         if found is None:
             await asyncio.to_thread(self._probe_all, plain, False)  # raises: a document where none is taken
         return Survey(plain, found is not None and found.pdf, found.pages if found else len(plain))
