@@ -313,6 +313,14 @@ def test_a_compressed_body_is_a_415_that_says_so(fake_server_factory):
     plain = requests.post(f"{server.url}/v1/completions", json={"prompt": "hi"}, timeout=10,
                           headers={"Content-Encoding": "identity"})  # read: the route's own answer
     assert plain.json()["error"]["code"] == "missing_image", plain.text
+    assert requests.get(f"{server.url}/health", headers={"Content-Encoding": "gzip"}, timeout=10).status_code == 200
+    # two lines, the last "identity": the gzip one still counts (raw, as requests would merge them)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Encoding: gzip\r\nContent-Encoding: identity\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 415"), reply[:200]
 
 
 def test_a_client_leaving_mid_body_is_a_499_not_an_error(fake_server_factory, caplog):

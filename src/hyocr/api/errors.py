@@ -39,7 +39,7 @@ MESSAGE_CHARS = 2000  # of an error message: one that quotes a client's value ne
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
     if len(message) > MESSAGE_CHARS:
-        message = f"{message[:MESSAGE_CHARS]}... ({len(message)} characters)"
+        message = f"{message[:MESSAGE_CHARS - 30]}... ({len(message)} characters)"  # within MESSAGE_CHARS
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 

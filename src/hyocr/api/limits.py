@@ -94,11 +94,16 @@ class BodyLimitMiddleware:
         declared = headers.get(b"content-length")
         cap = self.path_caps.get(scope.get("path", ""), self.max_bytes)
         message = f"request body is larger than the {cap} byte limit"
-        encoding = headers.get(b"content-encoding", b"").strip().lower()
-        if encoding not in (b"", b"identity"):  # a gzip body read as JSON or an image would be a confusing 400
-            if declared is None or (declared.isdigit() and int(declared) <= DRAIN_BYTES):
+        # A gzip body read as JSON or an image would be a confusing 400. Every Content-Encoding line counts (the
+        # last alone let "gzip" then "identity" through); a request without a body (a GET) is not refused.
+        encodings = {part.strip().lower() for name, value in scope["headers"] if name == b"content-encoding"
+                     for part in value.split(b",")} - {b"", b"identity"}
+        has_body = (declared is not None and declared != b"0") or b"transfer-encoding" in headers
+        if encodings and has_body:
+            if headers.get(b"expect", b"").lower() != b"100-continue" and (
+                    declared is None or (declared.isdigit() and int(declared) <= DRAIN_BYTES)):
                 await drain(receive)  # bounded; the answer is read, not lost to a reset (as the 413's)
-            shown = encoding[:32].decode("latin-1")
+            shown = b", ".join(sorted(encodings))[:32].decode("latin-1")
             await send_json_error(send, 415, f"Content-Encoding {shown!r} is not supported for request bodies: "
                                   "send the body uncompressed", "unsupported_content_encoding",
                                   headers=[(b"connection", b"close")])

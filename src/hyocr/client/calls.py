@@ -112,7 +112,7 @@ def ocr_call(images: Sequence[ImageInput], options: OcrOptions, *, many: bool = 
     if many and (isinstance(images, bytes | str | Path) or not images):
         raise ValueError("ocr_many() takes a non-empty sequence of images")
     body, timeout, on_page = ocr_body(options)
-    stream = on_page is not None or len(images) > 1 or any(map(_is_document, images))
+    stream = on_page is not None or many or any(map(_is_document, images))
     if stream:
         body["stream"] = True
     return Call("POST", "/v1/ocr", media_body(images, body, many=many),
@@ -120,11 +120,9 @@ def ocr_call(images: Sequence[ImageInput], options: OcrOptions, *, many: bool = 
 
 
 def _is_document(image: ImageInput) -> bool:
-    """A PDF or a multi-page TIFF, by its bytes (a data URL by its media type; an image URL: not known)."""
+    """A PDF or a multi-page TIFF, by its bytes (a data URL by its media type)."""
     if _is_data_url(image):
         return image[5:].lower().startswith(("application/pdf", "image/tiff"))
-    if isinstance(image, str) and image.lower().startswith(("http://", "https://")):
-        return image.lower().split("?", 1)[0].endswith(".pdf")
     from ..pipeline.media import is_document
 
     if isinstance(image, bytes | bytearray | memoryview):

@@ -178,7 +178,7 @@ def parse_task(name: str) -> Task:
     if key in _ALIASES:
         return _ALIASES[key]
     valid = ", ".join(t.value for t in Task)
-    raise InvalidRequest(f"unknown task {name[:64]!r}; valid tasks: {valid}", param="task")
+    raise InvalidRequest(f"unknown task {str(name)[:64]!r}; valid tasks: {valid}", param="task")
 
 
 def _language(value: str, param: str) -> str:

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 SHUTDOWN_GRACE = 2.0
 # A request line and headers: nginx allows 4 x 8 KiB, h11 16 KiB; room for long JWTs and proxies' headers.
 HEADER_BYTES = 64 * 1024
+# The request line alone, checked before the parser sees it: httptools refuses a URL past 65,535 bytes with a 400
+# of its own, and asyncio without uvloop reads 256 KiB at once, so past this it is a 414 whichever parser reads.
+REQUEST_LINE_BYTES = 60 * 1024
 # From a connection's opening, or a request's first byte, to the end of its headers (nginx: 60 s).
 HEADER_TIMEOUT = 30.0
 
@@ -80,15 +83,15 @@ _PARSER_MESSAGE = "the HTTP parser refused it (e.g. a control character in a hea
 
 
 class HeaderGuard:
-    """Mixed into uvicorn's protocol classes: a request whose headers pass HEADER_BYTES is answered 431 (414
-    when the request line alone is that long), one whose headers are not in HEADER_TIMEOUT seconds after the
-    connection opened (or after its first byte, on a kept-alive connection) 408, and the connection closed. Counted by what arrived while the headers were
-    incomplete, so memory stays within HEADER_BYTES and one read. Between requests uvicorn's keep-alive timeout
-    closes an idle connection, as before."""
+    """Mixed into uvicorn's protocol classes: a request whose headers pass HEADER_BYTES is answered 431 (a
+    request line past REQUEST_LINE_BYTES 414), one whose headers are not in HEADER_TIMEOUT seconds after the
+    connection opened (or after its first byte, on a kept-alive connection) 408, and the connection closed.
+    Counted by what arrived while the headers were incomplete, so memory stays within HEADER_BYTES and one
+    read. Between requests uvicorn's keep-alive timeout closes an idle connection, as before."""
 
     _guard_timer = None
     _guard_bytes = 0
-    _guard_line = False  # the request line has ended: past the bound, the headers are too large, else the URI
+    _guard_line = False  # the request line has ended (what comes next is counted as headers)
 
     def _headers_in(self) -> bool:  # the parser has the current request's headers
         raise NotImplementedError
@@ -102,6 +105,12 @@ class HeaderGuard:
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
+        if not self._guard_line and not self._headers_in():  # the request line still coming: its length first
+            end = data.find(b"\n")
+            if self._guard_bytes + (len(data) if end == -1 else end) > REQUEST_LINE_BYTES:
+                self._guard_refuse(414, "URI Too Long", f"the request line is longer than {REQUEST_LINE_BYTES} "
+                                   "bytes", "uri_too_long")
+                return
         super().data_received(data)  # type: ignore[misc]
         if self.transport.is_closing():  # type: ignore[attr-defined]
             self._guard_disarm()
@@ -115,9 +124,6 @@ class HeaderGuard:
                 self._guard_refuse(431, "Request Header Fields Too Large",
                                    f"the request's headers are larger than {HEADER_BYTES} bytes",
                                    "headers_too_large")
-            elif self._guard_bytes > HEADER_BYTES:
-                self._guard_refuse(414, "URI Too Long",
-                                   f"the request line is longer than {HEADER_BYTES} bytes", "uri_too_long")
 
     def _guard_arm(self) -> None:
         if self._guard_timer is None:
