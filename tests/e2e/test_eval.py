@@ -236,8 +236,18 @@ def test_bad_requests_stop_before_anything_runs(tmp_path, labelled, good):
         ((manifest, "-o", report, "--plot", str(tmp_path / "p.weird")), "--plot"),
         ((manifest, "-o", str(tmp_path / ("b" * 300 + ".json"))), "File name too long"),
         (("compare", str(good), str(good), "--output", str(good)), "is read by this command"),
+        # a file the set reads, not SET itself: a document of the manifest, a folder set's annotations
+        ((manifest, "-o", report, "--plot", image), "is read by this command"),
+        ((manifest, "-o", report, "--markdown", str(labelled / "card.png")), "is read by this command"),
     ]
+    odb_root = tmp_path / "odb"
+    (odb_root / "images").mkdir(parents=True)
+    IMAGES["hello.png"].image.save(odb_root / "images" / "p1.png")
+    (odb_root / "OmniDocBench.json").write_text(json.dumps([odb.page("p1.png")]))
+    cases.append(((str(odb_root), "--task", "text", "-o", str(odb_root / "OmniDocBench.json")),
+                  "is read by this command"))
     for args, why in cases:
         done = _eval(*args)
         assert done.returncode == 2, (args, done.stderr)
         assert why in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    assert json.loads((odb_root / "OmniDocBench.json").read_text())[0]["page_info"]  # untouched

@@ -41,6 +41,14 @@ def test_a_line_per_document_with_its_task_from_its_truth(folder):
     assert card.document.rel == "a.png" and loaded.fingerprint() == load_manifest(folder / "set.jsonl", {}).fingerprint()
 
 
+def test_a_manifest_saved_with_a_byte_order_mark_is_read(folder):
+    # Windows Notepad's "UTF-8" starts with one: the first line was "not JSON (Unexpected UTF-8 BOM)"
+    path = folder / "set.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"path": "a.png", "truth": {"text": "HI"}}).encode() + b"\n")
+    (sample,) = load_manifest(path, {}).samples
+    assert sample.truths[0].text == "HI"
+
+
 def test_a_tiff_of_several_pages_takes_truths_per_page_as_a_pdf(folder):
     import io
 

@@ -161,7 +161,8 @@ def run_main(args: argparse.Namespace) -> int:
               url=args.url, api_key=args.api_key or os.environ.get("HYOCR_CLIENT_API_KEY"), timeout=args.timeout,
               poll=args.poll, workers=args.workers, max_retries=args.max_retries, fold_case=args.fold_case,
               label=args.label, limit=args.limit, omnidocbench_pdfs=args.omnidocbench_pdfs,
-              filters=_pairs(args.filters, "--filter"))
+              filters=_pairs(args.filters, "--filter"),
+              writes=tuple(Path(p) for p in (output, args.markdown, args.plot) if p))
     doc = _evaluate(evaluate, job)
     report.write_json(doc, output)
     text = report.markdown(doc)

@@ -50,6 +50,7 @@ class Job:
     limit: int | None = None
     omnidocbench_pdfs: bool = False
     filters: dict[str, str] = field(default_factory=dict)
+    writes: tuple[Path, ...] = ()  # the report, markdown and plot: never a file the set reads
 
 
 def kind_of(job: Job) -> str:
@@ -73,6 +74,12 @@ async def load_set(job: Job) -> LoadedSet:
         loaded = omnidocbench.load(path, job.defaults, use_pdfs=job.omnidocbench_pdfs, filters=job.filters)
     else:
         loaded = await pdf_text.load(job.set, job.defaults, job.settings, exclude=job.reads)
+    # Checked against every file the set reads, before any is read: a report written over a folder set's
+    # annotations or one of its documents replaced it (the command line's own check saw only SET itself).
+    read = {Path(loaded.path).resolve(), *(s.document.path for s in loaded.samples)}
+    for written in job.writes:
+        if written.resolve() in read:
+            raise EvalError(f"{written}: is read by this command (part of {job.set}); write it elsewhere")
     if job.limit is not None:
         loaded.samples = loaded.samples[:job.limit]
     return loaded

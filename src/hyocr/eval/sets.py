@@ -154,7 +154,7 @@ def load_manifest(manifest: Path, defaults: Mapping[str, Any]) -> LoadedSet:
     for number, raw in enumerate(raw_lines, 1):
         where = f"{manifest}:{number}"
         try:
-            line = raw.decode("utf-8")
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # Windows Notepad starts with a BOM
         except UnicodeDecodeError as exc:
             raise EvalError(f"{where}: not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1}); a "
                             "manifest is JSON lines") from None
