@@ -14,6 +14,7 @@ from pathlib import Path
 
 import omnidocbench_pages as odb
 import pytest
+import requests
 from imaging import Line, card, font, render
 from pdfs import scanned_pdf, text_pdf
 
@@ -160,6 +161,14 @@ def test_through_a_live_server(labelled, good, tmp_path):
         done = _eval(str(labelled / "good.jsonl"), "--output", str(out), "--url", url, "--poll", "0.2",
                      "--label", "server", "--api-key", "k-eval")
         assert done.returncode == 0, done.stderr
+        # a second evaluation into another folder reads again: its jobs are its own, not the first's (it got
+        # them back by their idempotency keys, whatever engine had read them)
+        again = _eval(str(labelled / "good.jsonl"), "--output", str(tmp_path / "again.json"), "--url", url,
+                      "--poll", "0.2", "--api-key", "k-eval")
+        assert again.returncode == 0, again.stderr
+        listed = requests.get(f"{url}/v1/jobs?limit=100", headers={"Authorization": "Bearer k-eval"},
+                              timeout=10).json()["data"]
+        assert len(listed) == 2 * len(IMAGES), listed
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

@@ -132,6 +132,27 @@ def test_resume_decisions(tmp_path):
     assert (attach.action, attach.attempt, attach.job_id) == ("read", 2, "job-1")
     assert attach.idempotency_key("k", "s", "o") == d(record("submitted", 2)).idempotency_key("k", "s", "o")
     assert attach.idempotency_key("k", "s", "o") != d(record("failed", 2)).idempotency_key("k", "s", "o")
+    # another state folder's run: its own jobs (an evaluation into a fresh folder got an earlier one's back)
+    assert attach.idempotency_key("k", "s", "o", "run-a") != attach.idempotency_key("k", "s", "o", "run-b")
+
+
+def test_a_state_folder_keeps_its_run_id_and_one_begun_before_ids_keeps_its_keys(tmp_path):
+    first = StateFile(tmp_path / "a" if (tmp_path / "a").mkdir() is None else tmp_path)
+    run_id = first.run_id
+    first.append(record("submitted", 1, job_id="job-1"))
+    first.close()
+    again = StateFile(tmp_path / "a")
+    assert len(run_id) == 32 and again.run_id == run_id  # a resumed run: the same keys, the same jobs
+    again.close()
+    (tmp_path / "b").mkdir()
+    other = StateFile(tmp_path / "b")
+    assert other.run_id != run_id
+    other.close()
+    (tmp_path / "old").mkdir()  # a folder of an earlier version: records, no id file
+    (tmp_path / "old" / ".hyocr-batch.jsonl").write_text((tmp_path / "a" / ".hyocr-batch.jsonl").read_text())
+    legacy = StateFile(tmp_path / "old")
+    assert legacy.run_id == "" and not (tmp_path / "old" / ".hyocr-batch-run").exists()
+    legacy.close()
 
 
 def test_state_file_last_record_wins_and_torn_lines_are_skipped(tmp_path):

@@ -50,6 +50,7 @@ class Attempt:
     fingerprint: str
     decision: Decision
     kept: Any = None  # its body, read by an earlier run whose output the store refused: written, not read
+    run_id: str = ""  # the state folder's (StateFile.run_id): another folder's jobs are never its own
 
     @property
     def tag(self) -> dict[str, str]:
@@ -62,7 +63,7 @@ class Attempt:
 
     @property
     def idempotency_key(self) -> str:
-        return self.decision.idempotency_key(self.doc.key, self.sha256, self.fingerprint)
+        return self.decision.idempotency_key(self.doc.key, self.sha256, self.fingerprint, self.run_id)
 
 
 @dataclass(slots=True)
@@ -186,12 +187,12 @@ class Batch:
             attempts = record.attempts if record else decision.attempt
             decision = replace(decision, action="read", attempt=attempts)
             item.attempts, item.resumed = decision.attempt, True
-            return Attempt(doc, item, options, sha256, fingerprint, decision, kept=body)
+            return Attempt(doc, item, options, sha256, fingerprint, decision, kept=body, run_id=state.run_id)
         if decision.action != "read":
             self._settled(item, decision)
             self._advance()
             return None
-        return Attempt(doc, item, options, sha256, fingerprint, decision)
+        return Attempt(doc, item, options, sha256, fingerprint, decision, run_id=state.run_id)
 
     def failed(self, attempt: Attempt, state: StateFile, error: str) -> None:
         attempt.item.status, attempt.item.error = "failed", error

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from . import jsontext
 
 STATE_FILE = ".hyocr-batch.jsonl"
 TEMP_PREFIX = ".hyocr-tmp-"
+RUN_FILE = ".hyocr-batch-run"  # the folder's id: its --url jobs' idempotency keys are its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +47,13 @@ class Decision:
     job_id: str | None = None  # --url: the job an interrupted run submitted (re-attached by its key)
     record: Record | None = None
 
-    def idempotency_key(self, key: str, sha256: str, options: str) -> str:
-        """The same for the same document, content, options and attempt: a rerun after an interruption
-        gets the job already submitted; a retry after a failure (the next attempt) a new one."""
-        digest = hashlib.sha256(jsontext.utf8(f"{key}\n{sha256}\n{options}\n{self.attempt}")).hexdigest()
+    def idempotency_key(self, key: str, sha256: str, options: str, run: str = "") -> str:
+        """The same for the same document, content, options and attempt in one state folder (``run``): a rerun
+        after an interruption gets the job already submitted; a retry after a failure (the next attempt), or
+        another folder, a new one (without ``run``, an evaluation into a fresh folder got an earlier one's
+        jobs back, read by whatever engine the server had then)."""
+        text = f"{key}\n{sha256}\n{options}\n{self.attempt}"
+        digest = hashlib.sha256(jsontext.utf8(f"{run}\n{text}" if run else text)).hexdigest()
         return f"hyocr-batch-{digest[:40]}"
 
 
@@ -72,6 +77,20 @@ def decide(record: Record | None, *, name: str, sha256: str, options: str, prese
     return Decision("read", record.attempts + 1, output)
 
 
+def _run_id(path: Path, *, begun: bool) -> str:
+    """This state folder's own id, made once (its jobs' idempotency keys); "" for a folder begun before
+    there were ids, so that its interrupted run re-attaches to the jobs it submitted."""
+    with contextlib.suppress(FileNotFoundError):
+        return path.read_text().strip()
+    if begun:
+        return ""
+    run_id = uuid.uuid4().hex
+    temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
+    temp.write_text(run_id + "\n")
+    os.replace(temp, path)
+    return run_id
+
+
 class StateFile:
     """The state file, locked for this run (one batch per DIR at a time); appends are flushed and synced
     one line each, so an interruption loses at most the line being written (a torn line is skipped)."""
@@ -79,6 +98,7 @@ class StateFile:
     def __init__(self, out_dir: Path) -> None:
         self.path = out_dir / STATE_FILE
         self.records = load(self.path)
+        self.run_id = _run_id(out_dir / RUN_FILE, begun=bool(self.records))
         self._file = self.path.open("a+b")
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
