@@ -299,6 +299,10 @@ def test_address_classes() -> None:
         "255.255.255.255": "never", "240.0.0.1": "never", "192.0.2.1": "never", "::": "never",
         "fe80::1": "never", "ff02::1": "never", "::7f00:1": "never", "2002:7f00:1::": "never",
         "2001:0:4136:e378:8000:63bf:3fff:fdd2": "never",
+        # cloud metadata outside link-local (a hostile round): Oracle's (192.0.0.0/24, which Python 3.11
+        # before 3.11.10 calls global), Azure's WireServer, Alibaba's (in CGNAT), AWS's IPv6 IMDS (in ULA)
+        "192.0.0.192": "never", "168.63.129.16": "never", "100.100.100.200": "never", "fd00:ec2::254": "never",
+        "::ffff:100.100.100.200": "never",
     }  # fmt: skip
     assert {a: address_class(ipaddress.ip_address(a)) for a in expect} == expect
 

@@ -130,3 +130,38 @@ def test_an_older_database_gets_the_new_columns(tmp_path):
         await store.close()
 
     asyncio.run(reopen())
+
+
+def test_a_delivery_given_up_is_logged_once_by_its_host_without_the_query(tmp_path, monkeypatch, caplog):
+    # It was counted by a metric only; and httpx's own INFO line carried the whole URL, a token in its query
+    async def deliver(delivery, signer, policy, **_):
+        return Outcome(False, 500, None, None)  # no retry left
+
+    monkeypatch.setattr(outbox_module, "deliver", deliver)
+
+    async def scenario():
+        store = await _store(tmp_path)
+        box = Outbox(store.engine, SETTINGS, policy=FetchPolicy(()))
+        box.signer = object()
+        await _jobs(store, "job-1")
+        await box.add("d1", "job-1", "http://hooks.test/x?token=s3cret", None, b"{}")
+        assert await box.start_due(time.time()) == 1
+        await _eventually(lambda: any("given up" in r.getMessage() for r in caplog.records))
+        await store.close()
+
+    with caplog.at_level("WARNING", logger="hyocr"):
+        asyncio.run(scenario())
+    (line,) = [r.getMessage() for r in caplog.records if "given up" in r.getMessage()]
+    assert "hooks.test:80" in line and "HTTP 500" in line and "s3cret" not in line
+    import logging
+
+    from hyocr.observability.logs import setup_logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        setup_logging("info", "text")
+        assert logging.getLogger("httpx").getEffectiveLevel() == logging.WARNING
+    finally:
+        root.handlers[:], root.level = handlers, level
+        logging.getLogger("httpx").setLevel(logging.NOTSET)

@@ -158,8 +158,11 @@ class Outbox:
         with contextlib.suppress(Exception):  # the database is away: the claim lapses and it is sent again
             await self.tried(due.id, attempt=due.attempt, delivered=outcome.delivered, retry_in=outcome.retry_in,
                              status=outcome.status, error=outcome.error)
+        result = "delivered" if outcome.delivered else "retried" if outcome.retry_in else "failed"
+        if result == "failed":  # given up: said once, by its receiver's host (a query string may hold a token)
+            log.warning("webhook %s to %s given up after attempt %d: %s", due.id, receiver(due.url), due.attempt,
+                        outcome.error or f"HTTP {outcome.status}")
         if self.metrics is not None:
-            result = "delivered" if outcome.delivered else "retried" if outcome.retry_in else "failed"
             self.metrics.webhooks.labels(result).inc()
 
 

@@ -66,6 +66,9 @@ def setup_logging(level: str, fmt: str = "json") -> None:
     for name in ("uvicorn", "uvicorn.error"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+    # httpx logs each request's whole URL at INFO: a webhook's or an upstream's query string may hold a token.
+    # hyocr logs what it sends in its own words (a callback by its host); httpx's own lines only at debug.
+    logging.getLogger("httpx").setLevel(logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING)
 
 
 class AccessLogMiddleware:

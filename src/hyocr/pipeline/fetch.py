@@ -45,6 +45,14 @@ _INTERNAL = tuple(
     ipaddress.ip_network(n)
     for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7", "fec0::/10")
 )
+# Never dialled, whatever the policy: cloud metadata and host services that sit outside link-local, inside
+# ranges an operator may open (Alibaba's 100.100.100.200 in CGNAT, AWS's IPv6 IMDS in ULA) or that an older
+# Python calls global (192.0.0.0/24, global in 3.11 before 3.11.10: Oracle's 192.0.0.192), and Azure's
+# WireServer (168.63.129.16, a public address).
+_NEVER = tuple(
+    ipaddress.ip_network(n)
+    for n in ("192.0.0.0/24", "168.63.129.16/32", "100.100.100.200/32", "fd00:ec2::/32")
+)
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 
@@ -138,6 +146,8 @@ def address_class(ip: IPAddress) -> str:
         if embedded:  # tunnels lead elsewhere than an internal host: only public on both sides
             public = all(address_class(v4) == "public" for v4 in embedded)
             return "public" if public and ip.is_global and not ip.is_reserved else "never"
+    if any(ip in net for net in _NEVER):
+        return "never"
     if ip.is_loopback or any(ip in net for net in _INTERNAL):
         return "internal"
     bad = ip.is_unspecified or ip.is_multicast or ip.is_link_local or ip.is_reserved or ip.is_private
