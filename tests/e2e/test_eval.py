@@ -131,6 +131,10 @@ def test_pdf_text_layer_is_the_reference(tmp_path):
     assert report["operational"]["pages"]["read"] == 2  # the scan is not read: it has nothing to compare with
     assert report["scores"]["text"]["cer"] < 0.1 and report["scores"]["text"]["word_f1"] > 0.8
     assert [p["page"] for p in report["pages"]] == [1, 2]
+    # --pages past a document's end reads it to its end (the README's "--pages 1-20" skipped every shorter PDF)
+    short = _eval(str(pdfs), "--truth", "pdf-text", "--pages", "2-20", "--output", str(tmp_path / "short.json"))
+    assert short.returncode == 0, short.stderr
+    assert [p["page"] for p in _report(tmp_path / "short.json")["pages"]] == [2]
 
 
 def test_an_omnidocbench_folder(tmp_path):
@@ -146,6 +150,14 @@ def test_an_omnidocbench_folder(tmp_path):
     report = _report(out)
     assert report["metadata"]["set"]["kind"] == "omnidocbench" and report["scores"]["text"]["cer"] < 0.1
     assert set(report["scores"]) == {"text"}  # tables and markdown need a document-parsing output
+
+
+def test_a_truth_its_task_does_not_output_is_said_not_reported_as_nothing(labelled, tmp_path):
+    # markdown truth read with task text: the report had no scores ("Scored: . Computed with .") and exit 0
+    (tmp_path / "md.jsonl").write_text(json.dumps({"path": str(labelled / "hello.png"), "task": "text",
+                                                   "truth": {"markdown": "# HELLO EVALUATION"}}) + "\n")
+    done = _eval(str(tmp_path / "md.jsonl"), "-o", str(tmp_path / "md.json"))
+    assert done.returncode == 1 and "nothing was scored" in done.stderr and "--task" in done.stderr, done.stderr
 
 
 def test_through_a_live_server(labelled, good, tmp_path):
@@ -192,7 +204,8 @@ def test_a_killed_run_resumes_reading_only_what_is_missing(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 180
-        while not (reads.is_dir() and list(reads.glob("p*.json"))):
+        # a document recorded done (its output is written first: a kill between the two reads it again)
+        while not ((reads / STATE).is_file() and '"status": "done"' in (reads / STATE).read_text()):
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "nothing was read"
             time.sleep(0.05)
@@ -210,11 +223,17 @@ def test_a_killed_run_resumes_reading_only_what_is_missing(tmp_path):
                 if json.loads(line)["status"] == "done"]
     assert len(finished) == len(set(finished)) == 6  # each document read to the end once
     assert report["operational"]["timed_pages"] == 6 - docs["resumed"]  # the killed run's time is unknown
+    # the same reads folder for a smaller set: its report is timed by its own runs, not the whole set's
+    (tmp_path / "two.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    two = _eval(str(tmp_path / "two.jsonl"), "--output", str(tmp_path / "two.json"), "--reads", str(reads))
+    assert two.returncode == 0, two.stderr
+    assert _report(tmp_path / "two.json")["operational"]["runs"] == 1
 
 
 def test_bad_requests_stop_before_anything_runs(tmp_path, labelled, good):
     cases = [
-        ((str(tmp_path / "nope.jsonl"), "--output", str(tmp_path / "r.json")), "not a .jsonl manifest"),
+        ((str(tmp_path / "nope.jsonl"), "--output", str(tmp_path / "r.json")), "no such file or folder"),
+        ((str(labelled / "hello.png"), "--output", str(tmp_path / "r.json")), "not a .jsonl manifest"),
         ((str(labelled / "good.jsonl"),), "--output REPORT.json is required"),
         ((str(labelled / "good.jsonl"), "-o", str(tmp_path / "no" / "r.json")), "does not exist"),
         ((str(labelled / "good.jsonl"), "-o", str(tmp_path / "r.json"), "--task", "poetry"), "poetry"),

@@ -35,8 +35,10 @@ def test_normalisation_as_omnidocbench_does_it():
     assert text.score_text(contents, "2.1 ASN.1 syntax .... 2\nNaming . . . . 3").char_edits == 0
     assert text.normalize("wait... and 1.2.3") == "wait... and 1.2.3"  # an ellipsis, a version: kept
     empty = text.score_text("", "")
-    assert empty.cer is None and empty.ned == 0.0 and empty.char_edits == 0
-    assert text.score_text("", "noise").cer is None and text.score_text("", "noise").char_edits == 5
+    assert empty.cer == 0.0 and empty.wer == 0.0 and empty.ned == 0.0 and empty.char_edits == 0
+    # an empty reference read as text: wholly wrong (it was left out of the page mean, so it scored nothing)
+    noise = text.score_text("", "noise")
+    assert noise.cer == 1.0 and noise.wer == 1.0 and noise.char_edits == 5
 
 
 def test_iou_and_greedy_matching_by_hand():

@@ -81,3 +81,11 @@ def test_a_missing_metric_library_is_named_before_anything_runs(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "apted" else real(name, *a))
     with pytest.raises(EvalError, match=r"pip install 'hyocr\[eval\]'.*missing: apted"):
         metrics.require()
+
+
+def test_a_label_with_a_pipe_stays_in_its_cell():
+    from hyocr.eval.report import md_cell
+
+    assert md_cell("run|A") == "run\\|A" and md_cell("two\nlines") == "two lines"
+    row = f"| {md_cell('run|A')} | 0.1 |"
+    assert len(row.replace("\\|", "").split("|")) == 4  # three cells' borders: the label added no column

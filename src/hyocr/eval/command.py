@@ -171,6 +171,11 @@ def run_main(args: argparse.Namespace) -> int:
         plot.plot([(report.run_name(doc), doc)], args.plot)
     print(text)
     ops = doc["operational"]
+    if not doc["scores"] and ops["documents"]["done"]:  # read, but no truth of a kind its task outputs
+        print("hyocr eval: nothing was scored: no page's truth is of a kind its task outputs (text and blocks: "
+              "text, spotting; markdown and tables: document; fields: extract); choose the task with --task",
+              file=sys.stderr)
+        return 1
     if stopped := ops.get("stopped"):
         print(f"hyocr eval: stopped early ({stopped.get('message')}): the documents not read are left out; "
               "run again to resume", file=sys.stderr)

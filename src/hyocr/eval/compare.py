@@ -27,7 +27,8 @@ def load_runs(paths: list[str]) -> list[Run]:
     """Reports as named runs; a name shared by several gets its file name added."""
     docs = [report.load(p) for p in paths]
     names = [report.run_name(d) for d in docs]
-    return [Run(f"{n} ({Path(p).stem})" if names.count(n) > 1 else n, p, d) for n, p, d in zip(names, paths, docs)]
+    return [Run(report.md_cell(f"{n} ({Path(p).stem})" if names.count(n) > 1 else n), p, d)
+            for n, p, d in zip(names, paths, docs)]
 
 
 def settings_diff(runs: list[Run]) -> list[dict[str, Any]]:
@@ -54,8 +55,9 @@ def _runs_rows(runs: list[Run]) -> list[str]:
         meta = run.doc["metadata"]
         shown = ", ".join(f"{k}={v}" for k, v in diff.items()) or "-"
         name = f"{run.name} (baseline)" if i == 0 else run.name
-        rows.append(f"| {name} | {report.engine_line(meta)} | {shown} | {meta['set']['kind']}, "
-                    f"{meta['set']['pages_with_reference']} pages | {meta.get('date', '-')} | {Path(run.path).name} |")
+        rows.append(f"| {name} | {report.md_cell(report.engine_line(meta))} | {report.md_cell(shown)} | "
+                    f"{meta['set']['kind']}, {meta['set']['pages_with_reference']} pages | {meta.get('date', '-')} | "
+                    f"{report.md_cell(Path(run.path).name)} |")
     return rows
 
 

@@ -15,6 +15,7 @@ requests of at most that many pages, each its own sample.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,18 @@ async def load(given: str, defaults: Mapping[str, Any], settings: Settings, *,
     try:
         for doc in docs:
             try:
-                rendered = await renderer.render(doc.read(), plan, param=doc.source)
+                data = doc.read()
+                try:
+                    rendered = await renderer.render(data, plan, param=doc.source)
+                except HyocrError as exc:
+                    if exc.code != "invalid_pages" or "out of range" not in exc.message:
+                        raise
+                    # --pages 1-20 over a folder: a shorter PDF is read to its end, not skipped whole
+                    count = (await renderer.render(data, replace(plan, pages="1"), param=doc.source)).page_count
+                    within = clamp_pages(plan.pages or "", count)
+                    if not within:
+                        raise
+                    rendered = await renderer.render(data, replace(plan, pages=within), param=doc.source)
             except (HyocrError, OSError) as exc:
                 why = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc)
                 loaded.skipped_documents.append({"path": doc.source, "why": why})
@@ -80,6 +92,18 @@ async def load(given: str, defaults: Mapping[str, Any], settings: Settings, *,
         reasons = "; ".join(f"{Path(s['path']).name}: {s['why']}" for s in loaded.skipped_documents[:5])
         raise EvalError(f"{given}: no PDF page with a reliable text layer" + (f" ({reasons})" if reasons else ""))
     return loaded
+
+
+def clamp_pages(spec: str, count: int) -> str:
+    """``spec`` ("2-5,8", "7-") cut to a document of ``count`` pages ("" when none of it is there)."""
+    kept = []
+    for part in spec.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.strip().isdigit() or int(first) > count:
+            continue
+        end = min(int(last), count) if last.strip().isdigit() else count if dash else int(first)
+        kept.append(f"{int(first)}-{end}" if end != int(first) else first.strip())
+    return ",".join(kept)
 
 
 def _chunks(truths: list[Truth], size: int) -> list[list[Truth]]:

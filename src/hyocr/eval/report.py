@@ -82,6 +82,11 @@ def _metric_versions() -> dict[str, str]:
     return out
 
 
+def md_cell(text: str) -> str:
+    """``text`` inside a markdown table cell: a "|" (a label "run|A") would start another column."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
 def run_name(doc: Mapping[str, Any]) -> str:
     meta = doc["metadata"]
     return meta.get("label") or meta.get("engine", {}).get("engine") or meta.get("target") or "run"

@@ -10,6 +10,7 @@ run's reading time and pages), so pages/s covers the pages whose reading time is
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import time
@@ -57,6 +58,8 @@ def kind_of(job: Job) -> str:
     if job.truth:
         return job.truth
     path = Path(job.set).expanduser()
+    if not path.exists() and not any(c in job.set for c in "*?["):  # a glob is pdf-text's to expand
+        raise EvalError(f"{job.set}: no such file or folder")
     if path.is_file() and path.suffix.lower() == ".jsonl":
         return "manifest"
     if omnidocbench.is_omnidocbench(path):
@@ -174,8 +177,15 @@ async def evaluate(job: Job) -> dict[str, Any]:
             summary = await batch.run(state)
     finally:
         state.close()
-    runs = record_run(job.reads, summary)
+    runs = record_run(job.reads, summary, run_key(loaded, job))
     return build_report(job, loaded, batch, summary, runs, engine)
+
+
+def run_key(loaded: LoadedSet, job: Job) -> str:
+    """Which report a run's reading time belongs to: the same documents, truth and read options (a reads
+    folder read once with pages 17-22 and then 17-20 timed the second report over both runs' pages)."""
+    text = json.dumps([loaded.fingerprint(), job.defaults], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def drop_damaged(reads: Path, documents: list[Any]) -> None:
@@ -192,10 +202,10 @@ def drop_damaged(reads: Path, documents: list[Any]) -> None:
                 path.unlink()
 
 
-def record_run(reads: Path, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """This run's reading time appended to the runs log; every run's lines back."""
+def record_run(reads: Path, summary: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    """This run's reading time appended to the runs log; the lines of the runs of the same ``key`` back."""
     line = {"at": round(time.time(), 3), "elapsed_s": summary["elapsed_s"],
-            "pages_read": summary["pages"]["read_this_run"]}
+            "pages_read": summary["pages"]["read_this_run"], "key": key}
     path = reads / RUNS_FILE
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
@@ -205,7 +215,7 @@ def record_run(reads: Path, summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     for text in path.read_text(encoding="utf-8").splitlines():
         with contextlib.suppress(ValueError, TypeError):
             runs.append(dict(json.loads(text)))
-    return runs
+    return [run for run in runs if run.get("key") == key]
 
 
 def build_report(job: Job, loaded: LoadedSet, batch: Any, summary: Mapping[str, Any], runs: list[dict],

@@ -64,13 +64,15 @@ class TextScore:
     shared_words: int  # bag of words: min(count in reference, count in output), summed
     output_words: int
 
+    # A page whose reference is empty (a blank page, a figure) scores 0 when the output is empty too and 1 when
+    # anything was read into it: left out of the page mean, an engine inventing 1,800 characters there scored 0.
     @property
-    def cer(self) -> float | None:
-        return self.char_edits / self.chars if self.chars else None
+    def cer(self) -> float:
+        return self.char_edits / self.chars if self.chars else float(self.char_edits > 0)
 
     @property
-    def wer(self) -> float | None:
-        return self.word_edits / self.words if self.words else None
+    def wer(self) -> float:
+        return self.word_edits / self.words if self.words else float(self.word_edits > 0)
 
     @property
     def ned(self) -> float:
