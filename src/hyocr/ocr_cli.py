@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import stat
 import sys
 import typing
 from pathlib import Path
 
+from .batch.jsontext import dumps, readable
 from .config import Settings
 
 PDF_TIMEOUT = 300.0  # --url, a PDF: rendering and the first page come before any answer
@@ -176,12 +176,12 @@ class _Output:
         if self.json:
             self.bodies.append({"file": str(path), **body})
             return
-        text = f"== {path} ==\n{_human(body)}" if self.many else _human(body)
+        text = f"== {readable(str(path))} ==\n{_human(body)}" if self.many else _human(body)
         print(text, flush=True)
 
     def finish(self) -> int:
-        if self.json and self.bodies:
-            print(json.dumps(self.bodies if self.many else self.bodies[0], ensure_ascii=False, indent=2), flush=True)
+        if self.json and self.bodies:  # a file name that is not UTF-8 as \u escapes: it reads back as the path
+            print(dumps(self.bodies if self.many else self.bodies[0], indent=2), flush=True)
         return 1 if self.failures else 0
 
 

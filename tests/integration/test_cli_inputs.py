@@ -117,3 +117,20 @@ def test_help_shows_what_the_command_uses_and_help_all_every_setting(command, ca
     args = build_parser().parse_args([command, "x.png", *(["-o", "out"] if command == "batch" else []),
                                       "--max-image-bytes", "5", "--no-loop-guard"])
     assert args.max_image_bytes == 5 and args.loop_guard is False
+
+
+def test_ocr_prints_file_names_that_are_not_utf8_in_a_strict_utf8_terminal(tmp_path, image):
+    # A GBK name from an old share: a UTF-8 locale other than C writes stdout strictly, and the result (read
+    # in full) was lost to a UnicodeEncodeError when it was printed
+    import os
+
+    odd = os.fsencode(tmp_path) + b"/\xb7\xa2\xc6\xb1.png"
+    with open(odd, "wb") as f:
+        f.write(image.read_bytes())
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+    for extra in ((), ("--json",)):
+        done = subprocess.run([*HYOCR, "ocr", os.fsdecode(odd), str(image), "--engine", "fake", *extra],
+                              capture_output=True, timeout=120, check=False, env=env)
+        assert done.returncode == 0 and b"UnicodeEncodeError" not in done.stderr, done.stderr[-800:]
+    files = [item["file"] for item in json.loads(done.stdout)]
+    assert os.fsencode(files[0]) == odd  # the JSON's escapes read back as the path itself
