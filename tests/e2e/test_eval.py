@@ -234,6 +234,10 @@ def test_bad_requests_stop_before_anything_runs(tmp_path, labelled, good):
     cases = [
         ((str(tmp_path / "nope.jsonl"), "--output", str(tmp_path / "r.json")), "no such file or folder"),
         ((str(labelled / "hello.png"), "--output", str(tmp_path / "r.json")), "not a .jsonl manifest"),
+        ((str(labelled / "good.jsonl"), "-o", str(tmp_path / "r.json"), "--truth", "pdf-text"), "a manifest;"),
+        ((str(labelled), "-o", str(tmp_path / "r.json"), "--truth", "manifest"), "takes a .jsonl file"),
+        ((str(labelled / "good.jsonl"), "-o", str(tmp_path / "r.json"), "--reads", str(labelled / "good.jsonl")),
+         "--reads names the folder"),
         ((str(labelled / "good.jsonl"),), "--output REPORT.json is required"),
         ((str(labelled / "good.jsonl"), "-o", str(tmp_path / "no" / "r.json")), "does not exist"),
         ((str(labelled / "good.jsonl"), "-o", str(tmp_path / "r.json"), "--task", "poetry"), "poetry"),

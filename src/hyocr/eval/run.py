@@ -71,6 +71,11 @@ def kind_of(job: Job) -> str:
 async def load_set(job: Job) -> LoadedSet:
     kind = kind_of(job)
     path = Path(job.set).expanduser()
+    if kind == "manifest" and path.is_dir():
+        raise EvalError(f"{job.set}: a folder; --truth manifest takes a .jsonl file")
+    if kind == "pdf-text" and path.is_file() and path.suffix.lower() == ".jsonl":
+        raise EvalError(f"{job.set}: a manifest; --truth pdf-text takes PDFs (a file, a folder or a glob): "
+                        "leave --truth out to read the manifest")
     if kind == "manifest":
         loaded = load_manifest(path, job.defaults)
     elif kind == "omnidocbench":
@@ -118,6 +123,8 @@ def _unanswered(url: str, headers: dict[str, str] | None, api_key: str | None) -
 
 def claim_reads(reads: Path, target: Mapping[str, Any]) -> None:
     """The reads folder for this target: made, or found made by the same one."""
+    if reads.exists() and not reads.is_dir():
+        raise EvalError(f"--reads {reads}: a file; --reads names the folder the documents' results are kept in")
     reads.mkdir(parents=True, exist_ok=True)
     marker = reads / READS_FILE
     try:
