@@ -15,8 +15,9 @@ import sys
 import typing
 from pathlib import Path
 
-from .batch.jsontext import dumps, readable
+from .batch.jsontext import readable
 from .config import Settings
+from .jobs.codec import json_text
 
 PDF_TIMEOUT = 300.0  # --url, a PDF: rendering and the first page come before any answer
 
@@ -181,7 +182,7 @@ class _Output:
 
     def finish(self) -> int:
         if self.json and self.bodies:  # a file name that is not UTF-8 as \u escapes: it reads back as the path
-            print(dumps(self.bodies if self.many else self.bodies[0], indent=2), flush=True)
+            print(json_text(self.bodies if self.many else self.bodies[0], indent=2), flush=True)
         return 1 if self.failures else 0
 
 

@@ -73,6 +73,16 @@ async def drain(receive: Receive) -> None:
         return
 
 
+async def drain_before_refusal(receive: Receive, headers: dict[bytes, bytes]) -> None:
+    """A refusal of a body the client may still be sending: what fits the drain bounds is read first. A client
+    waiting for "100 Continue" sends nothing until asked, and a declared body past DRAIN_BYTES is not waited for."""
+    declared = headers.get(b"content-length")
+    if headers.get(b"expect", b"").lower() == b"100-continue":
+        return
+    if declared is None or (declared.isdigit() and int(declared) <= DRAIN_BYTES):
+        await drain(receive)
+
+
 class BodyLimitMiddleware:
     """413 from Content-Length before reading; mid-stream for chunked bodies that grow past the cap.
     408 for a body that has not arrived ``timeout`` seconds after its headers: without it a client that
@@ -100,9 +110,7 @@ class BodyLimitMiddleware:
                      for part in value.split(b",")} - {b"", b"identity"}
         has_body = (declared is not None and declared != b"0") or b"transfer-encoding" in headers
         if encodings and has_body:
-            if headers.get(b"expect", b"").lower() != b"100-continue" and (
-                    declared is None or (declared.isdigit() and int(declared) <= DRAIN_BYTES)):
-                await drain(receive)  # bounded; the answer is read, not lost to a reset (as the 413's)
+            await drain_before_refusal(receive, headers)
             shown = b", ".join(sorted(encodings))[:32].decode("latin-1")
             await send_json_error(send, 415, f"Content-Encoding {shown!r} is not supported for request bodies: "
                                   "send the body uncompressed", "unsupported_content_encoding",
@@ -113,10 +121,7 @@ class BodyLimitMiddleware:
                 await send_json_error(send, 400, "invalid Content-Length header", "bad_request")
                 return
             if int(declared) > cap:
-                # A client waiting for "100 Continue" sends nothing until asked: answering at once spares it the
-                # upload. Anyone else is already sending; what fits the drain bounds is read first.
-                if headers.get(b"expect", b"").lower() != b"100-continue" and int(declared) <= DRAIN_BYTES:
-                    await drain(receive)
+                await drain_before_refusal(receive, headers)
                 await send_json_error(send, 413, message, "payload_too_large", headers=[(b"connection", b"close")])
                 return
         seen = 0

@@ -23,8 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import jsontext
+from ..jobs.codec import json_text
 from ..pipeline.objects import ObjectStore, ObjectUri, ObjectWriteError, is_object_uri, store_endpoint
+from .jsontext import utf8
 from .plan import PlanError
 from .sources import Sources, is_uri, local_path, redacted
 from .state import TEMP_PREFIX, write_atomic
@@ -79,7 +80,7 @@ def open_output(given: str, state_dir: Path | None, sources: Sources) -> Output:
 def default_state_dir(prefix: ObjectUri, endpoint: str | None) -> Path:
     """The same folder for the same prefix on the same store (endpoint): a rerun finds its state there."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    digest = hashlib.sha256(jsontext.utf8(f"{endpoint or ''}\n{prefix}")).hexdigest()[:16]
+    digest = hashlib.sha256(utf8(f"{endpoint or ''}\n{prefix}")).hexdigest()[:16]
     return cache / "hyocr" / "batch" / f"{prefix.bucket}-{digest}"
 
 
@@ -146,7 +147,7 @@ class ObjectOutput:
         return self._names is None or name in self._names
 
     def write(self, name: str, body: Any) -> None:
-        self._put(name, jsontext.dumps(body, indent=1).encode(), "application/json")
+        self._put(name, json_text(body, indent=1).encode(), "application/json")
 
     def _put(self, name: str, data: bytes, content_type: str) -> None:
         try:

@@ -14,8 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from . import jsontext
-from ..jobs.codec import page_from_json, page_to_json
+from ..jobs.codec import json_text, page_from_json, page_to_json
 from ..types import PageResult
 
 PARTS_DIR = ".hyocr-pages"
@@ -68,7 +67,7 @@ class Partial:
     def _append(self, entry: dict) -> None:
         self.path.parent.mkdir(exist_ok=True)
         with self.path.open("ab") as f:
-            f.write(jsontext.dumps({**self.tag, **entry}).encode() + b"\n")
+            f.write(json_text({**self.tag, **entry}).encode() + b"\n")
             f.flush()
             os.fsync(f.fileno())
 

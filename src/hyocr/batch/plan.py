@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import jsontext
+from .jsontext import utf8
 from .sources import Sources, is_uri
 
 # Read from folders (and from globs that match folders): these extensions, or these first bytes.
@@ -71,7 +71,7 @@ class Document:
         rel = unicodedata.normalize("NFC", self.rel)  # macOS spells accents apart
         stem = _NAME_CHARS.sub("_", rel.replace(os.sep, "__").replace("/", "__")).strip("._") or "doc"
         stem = stem.encode("utf-8", "replace")[:NAME_BYTES].decode("utf-8", "ignore")  # whole characters
-        return f"{stem}-{hashlib.sha256(jsontext.utf8(self.key)).hexdigest()[:10]}.json"
+        return f"{stem}-{hashlib.sha256(utf8(self.key)).hexdigest()[:10]}.json"
 
     def options(self, defaults: Mapping[str, Any]) -> dict[str, Any]:
         return {**defaults, **self.overrides}
@@ -87,7 +87,7 @@ def options_fingerprint(options: Mapping[str, Any]) -> str:
     """A short hash of the options a document is read with: a rerun with other options reads it again."""
     canonical = json.dumps({k: v for k, v in options.items() if v not in (None, False, ())}, sort_keys=True,
                            default=list)
-    return hashlib.sha256(jsontext.utf8(canonical)).hexdigest()[:16]
+    return hashlib.sha256(utf8(canonical)).hexdigest()[:16]
 
 
 def is_document(path: Path) -> bool:

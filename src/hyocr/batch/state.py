@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from . import jsontext
+from ..jobs.codec import json_text
+from .jsontext import utf8
+
 
 STATE_FILE = ".hyocr-batch.jsonl"
 TEMP_PREFIX = ".hyocr-tmp-"
@@ -53,7 +55,7 @@ class Decision:
         another folder, a new one (without ``run``, an evaluation into a fresh folder got an earlier one's
         jobs back, read by whatever engine the server had then)."""
         text = f"{key}\n{sha256}\n{options}\n{self.attempt}"
-        digest = hashlib.sha256(jsontext.utf8(f"{run}\n{text}" if run else text)).hexdigest()
+        digest = hashlib.sha256(utf8(f"{run}\n{text}" if run else text)).hexdigest()
         return f"hyocr-batch-{digest[:40]}"
 
 
@@ -114,7 +116,7 @@ class StateFile:
     def append(self, record: Record) -> None:
         record = Record(**{**asdict(record), "at": record.at or round(time.time(), 3)})
         self.records[record.key] = record
-        self._write(jsontext.dumps(asdict(record)).encode() + b"\n")
+        self._write(json_text(asdict(record)).encode() + b"\n")
 
     def _write(self, data: bytes) -> None:
         self._file.write(data)
@@ -143,7 +145,7 @@ def write_atomic(path: Path, data: Any) -> None:
     one, never a part."""
     temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
     with temp.open("w", encoding="utf-8") as f:
-        f.write(jsontext.dumps(data, indent=1))
+        f.write(json_text(data, indent=1))
         f.flush()
         os.fsync(f.fileno())
     os.replace(temp, path)

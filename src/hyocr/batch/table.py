@@ -13,7 +13,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import jsontext
+from ..jobs.codec import json_text
+from .jsontext import readable
+
 
 if TYPE_CHECKING:
     from .outputs import Output
@@ -50,7 +52,8 @@ def page_rows(output: Output, items: list[Mapping[str, Any]]) -> Iterator[dict[s
     done = [item for item in items if item["status"] == "done"]
     for item, body in zip(done, output.bodies(item["output"] for item in done), strict=True):
         for page in body.get("pages") or []:
-            yield {"document": jsontext.readable(item["path"]), "output": item["output"], "page": page.get("index"),
+            yield {"document": readable(item["path"]), "output": item["output"],  # a name not UTF-8: shown
+                   "page": page.get("index"),
                    **{k: page.get(k) for k, _ in COLUMNS[3:-2]},
                    "blocks": page.get("blocks") or [], "fields": page.get("fields")}
 
@@ -58,7 +61,7 @@ def page_rows(output: Output, items: list[Mapping[str, Any]]) -> Iterator[dict[s
 def _write_jsonl(path: Path, rows: Iterator[dict[str, Any]]) -> None:
     with path.open("w", encoding="utf-8") as f:
         for row in rows:
-            f.write(jsontext.dumps(row) + "\n")
+            f.write(json_text(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
 

@@ -9,8 +9,9 @@ Images and PDFs given as bytes or paths are sent as a multipart upload, as they 
 Retries (the reference article promises "a 3 s timeout and at most 2 retries"): ``timeout`` bounds each
 attempt's whole answer (not each read: a server or proxy that trickles bytes is cut off at it), and for a
 document (a PDF, a multi-page TIFF, ``ocr_many``) or a call with ``on_page``, which are read as the page
-stream, the wait for each next page, ``total_timeout`` a whole call (by default, room for every attempt at its full timeout plus the
-backoffs, so it only bites on a long ``Retry-After``). Retried, at most ``max_retries`` times, after a
+stream, the wait for each next page; ``total_timeout`` a whole call (by default, room for every attempt at
+its full timeout plus the backoffs, moved on as a document's pages come, so it only bites on a long
+``Retry-After``). Retried, at most ``max_retries`` times, after a
 jittered exponential backoff or the server's ``Retry-After`` (capped at 10 s; one that ends past the
 deadline is not waited for, the error is raised at once): connection failures (refused, connect timeout,
 reset, a keep-alive connection the server had closed), 429, 503, 502/504 from a proxy, and read timeouts:

@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import InvalidRequest, NotFound, RateLimited
 from ..pipeline.objects import ObjectStore, is_object_uri
 from .batch_store import BatchRecord, BatchStore
-from .files import FileStore, refuse_utf16
+from .files import FileStore, utf8_only
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/ocr")
 WINDOW = "24h"
@@ -134,11 +134,8 @@ async def split_lines(parts: AsyncIterator[bytes], max_bytes: int) -> AsyncItera
         line = bytes(held).rstrip(b"\r")
         return (n, line) if line.strip() else None
 
-    first = b""
-    async for data in parts:
-        if len(first) < 4:  # an object-store input file is read here first (an upload is checked as it comes)
-            first += data[:4]
-            refuse_utf16(first, param="input_file_id")
+    # an object-store input file is first read here (an upload was checked as it came)
+    async for data in utf8_only(parts, param="input_file_id"):
         start = 0
         while (end := data.find(b"\n", start)) != -1:
             if not too_long:

@@ -93,13 +93,20 @@ def at_position(page: PageResult, position: int, pdf: bool) -> PageResult:
     return page if pdf else replace(page, index=position)
 
 
-def json_bytes(value: Any) -> bytes:
-    """``value`` as UTF-8 JSON; a string that UTF-8 cannot hold (a lone surrogate, which JSON's \\ud800
-    escapes can carry in) is written escaped instead of failing the whole file."""
+def json_text(value: Any, **kwargs: Any) -> str:
+    """``value`` as JSON text that encodes to UTF-8: non-ASCII kept as it is, unless a string UTF-8 cannot hold
+    is in it (a lone surrogate, which JSON's \\ud800 escapes carry in, or a file name that is not UTF-8: PEP
+    383): then all escaped, which ``json.loads`` reads back to the same strings, instead of failing the file."""
+    text = json.dumps(value, ensure_ascii=False, **kwargs)
     try:
-        return json.dumps(value, ensure_ascii=False).encode()
+        text.encode()
     except UnicodeEncodeError:
-        return json.dumps(value).encode()
+        return json.dumps(value, **kwargs)
+    return text
+
+
+def json_bytes(value: Any) -> bytes:
+    return json_text(value).encode()
 
 
 def _block_json(block: TextBlock) -> dict[str, Any]:

@@ -29,29 +29,26 @@ from .schema import file_parts, files
 
 PART = 4 * 1024 * 1024
 PURPOSES = ("batch",)  # what a caller may upload; a batch's own files are "batch_output"
-
-
-def refuse_utf16(head: bytes, *, param: str) -> None:
-    """A JSONL file's first bytes: UTF-16 or UTF-32 (PowerShell's default encoding writes it with a byte order
-    mark) is refused as what it is. Read as UTF-8 its lines were mangled into invalid lines and a phantom one."""
-    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(head) >= 2 and 0 in head[:2]):
-        raise InvalidRequest("the file is UTF-16 or UTF-32 text; JSONL is UTF-8: save it as UTF-8", param=param,
-                             code="invalid_encoding")
-
-
-async def _checked_start(parts: AsyncIterator[bytes], param: str) -> AsyncIterator[bytes]:
-    head = b""
-    async for data in parts:
-        if len(head) < 4:
-            head += data[:4]
-            refuse_utf16(head, param=param)
-        yield data
 ABANDONED = 3600.0  # seconds after which an upload that never completed is swept
 DELETE_GRACE = 600.0  # seconds a deleted file's parts outlive it, for the reads that began before the delete
 DELETED = 2  # ``complete`` of a deleted file: hidden, swept after DELETE_GRACE
 # What this server's file ids look like: anything else is no file of ours, answered before the database sees
 # it (a NUL in an id would be a PostgreSQL error, not a 404).
 FILE_ID = re.compile(r"file-[0-9a-f]{32}")
+
+
+async def utf8_only(parts: AsyncIterator[bytes], *, param: str) -> AsyncIterator[bytes]:
+    """``parts`` of a JSONL file, refused (400 ``invalid_encoding``) when its first bytes are UTF-16 or UTF-32
+    (PowerShell's default encoding, with a byte order mark): read as UTF-8, its lines were mangled into
+    invalid lines and a phantom one."""
+    head = b""
+    async for data in parts:
+        if len(head) < 4:
+            head += data[:4]
+            if head.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(head) >= 2 and 0 in head[:2]):
+                raise InvalidRequest("the file is UTF-16 or UTF-32 text; JSONL is UTF-8: save it as UTF-8",
+                                     param=param, code="invalid_encoding")
+        yield data
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +239,7 @@ class Files:
         keep = expires_after if expires_after is not None else self.settings.job_retention
         filename = "".join(c for c in filename if c.isprintable())[:512]  # no NUL or line breaks to store
         record = await self.store.write(owner=owner, filename=filename or "upload.jsonl", purpose=purpose,
-                                        parts=_checked_start(parts, "file"), expires_at=now + keep,
+                                        parts=utf8_only(parts, param="file"), expires_at=now + keep,
                                         count_lines=True, max_bytes=cap)
         # Counted again with this file in: uploads in flight together each passed the check above (a file counts
         # its bytes once stored), and ten of them held 3.6x the quota. Past it now, this one goes, unseen.

@@ -178,7 +178,8 @@ class Jobs:
                            code="job_not_finished", headers={"Retry-After": "2"})
         if job.status != "succeeded":
             message = (job.error or {}).get("message")  # a cancelled job has none: "job X cancelled", once
-            raise Conflict(f"job {job.id} {job.status}" + (f": {message}" if message else ""), code=f"job_{job.status}")
+            raise Conflict(f"job {job.id} {job.status}" + (f": {message}" if message else ""),
+                           code=f"job_{job.status}")
         return await self._result(job)
 
     async def _result(self, job: JobRecord) -> OcrResult:

@@ -91,7 +91,7 @@ class HeaderGuard:
 
     _guard_timer = None
     _guard_bytes = 0
-    _guard_line = False  # the request line has ended (what comes next is counted as headers)
+    _guard_line = False  # the request line has ended: no more of it to measure against REQUEST_LINE_BYTES
 
     def _headers_in(self) -> bool:  # the parser has the current request's headers
         raise NotImplementedError
@@ -120,7 +120,7 @@ class HeaderGuard:
             self._guard_arm()
             self._guard_bytes += len(data)
             self._guard_line = self._guard_line or b"\n" in data
-            if self._guard_bytes > HEADER_BYTES and self._guard_line:
+            if self._guard_bytes > HEADER_BYTES:
                 self._guard_refuse(431, "Request Header Fields Too Large",
                                    f"the request's headers are larger than {HEADER_BYTES} bytes",
                                    "headers_too_large")
