@@ -31,30 +31,26 @@ note() { echo "[$(elapsed)s] $*" | tee -a "$out/sitting.txt"; }
 [ -d /tmp/serve-site/uvloop ] || python3 -m pip install -q --no-index --no-deps --target /tmp/serve-site "${C3:-.stage/c3}"/*.whl
 export PYTHONPATH="$PYTHONPATH:/tmp/serve-site"
 part=${2:-s25}  # s25 (the next sitting) or s24 (session 24's, run)
-if [[ $part == s25 ]]; then  # session 25: torch's threads in the engine process, then NOTES entry 33's two leads (~1350 s)
+if [[ $part == s25 ]]; then  # session 25's plan, run in session 27 in priority order (the baseline third, ~1350 s)
   note "three cores, three API processes, FP8 KV: defaults (one torch thread in each core, new; c=64 for the p99"
   note "target too), then torch's default threads (OMP_NUM_THREADS=cpu count, as vLLM 0.26 leaves them)"
   CARD_LEVELS=64,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+fp8kv-api3-cores3
   CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+omp-fp8kv-api3-cores3
-  note "one core at c=64: defaults, torch's default threads"
-  for v in hyocr-vllm+v2 hyocr-vllm+omp; do
-    CARD_LEVELS=64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "$v"
+  note "vllm serve (official flags)"
+  CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve
+  note "three cores, three API processes, FP8 KV: ring, graphs"
+  for v in ring-fp8kv-api3-cores3 graphs-fp8kv-api3-cores3; do
+    CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+$v"
   done
   note "one core at c=64, the core's byte-pixel batching timed (the encoder timing file), vLLM's own, then the ring"
   python3 benchmarks/request_time_breakdown.py "$out/diag" hyocr-vllm > "$out/diag.log" 2>&1
   grep -o '"encoder": {[^}]*}' "$out/diag.log" | tee -a "$out/sitting.txt"
   HYOCR_PIXEL_STAGING=ring python3 benchmarks/request_time_breakdown.py "$out/diag-ring" hyocr-vllm > "$out/diag-ring.log" 2>&1
   grep -o '"encoder": {[^}]*}' "$out/diag-ring.log" | tee -a "$out/sitting.txt"
-  note "one core at c=64: reused pinned buffers, CUDA graphs up to 8192 tokens"
-  for v in hyocr-vllm+ring hyocr-vllm+graphs; do
+  note "one core at c=64: defaults, torch's default threads, graphs"
+  for v in hyocr-vllm+v2 hyocr-vllm+omp hyocr-vllm+graphs; do
     CARD_LEVELS=64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "$v"
   done
-  note "three cores, three API processes, FP8 KV: ring, graphs"
-  for v in ring-fp8kv-api3-cores3 graphs-fp8kv-api3-cores3; do
-    CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "hyocr-vllm+$v"
-  done
-  note "vllm serve (official flags)"
-  CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve
   note "done"
   exit 0
 fi
