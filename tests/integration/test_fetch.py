@@ -26,7 +26,8 @@ from PIL import Image
 
 from hyocr.errors import HyocrError, InvalidRequest, PayloadTooLarge
 from hyocr.pipeline import fetch
-from hyocr.pipeline.fetch import FetchPolicy, address_class, fetch_image
+from hyocr.pipeline.addresses import address_class
+from hyocr.pipeline.fetch import FetchPolicy, fetch_image
 from hyocr.pipeline.media import MediaLimits, load_image
 
 _buf = io.BytesIO()
