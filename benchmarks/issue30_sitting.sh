@@ -47,8 +47,9 @@ if [[ $part == s25 ]]; then  # session 25's plan, run in session 27 in priority 
   grep -o '"encoder": {[^}]*}' "$out/diag.log" | tee -a "$out/sitting.txt"
   HYOCR_PIXEL_STAGING=ring python3 benchmarks/request_time_breakdown.py "$out/diag-ring" hyocr-vllm > "$out/diag-ring.log" 2>&1
   grep -o '"encoder": {[^}]*}' "$out/diag-ring.log" | tee -a "$out/sitting.txt"
-  note "one core at c=64: defaults, torch's default threads, graphs"
-  for v in hyocr-vllm+v2 hyocr-vllm+omp hyocr-vllm+graphs; do
+  note "one core at c=1 and c=64: defaults; at c=64: torch's default threads, graphs"
+  CARD_LEVELS=1,64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+v2
+  for v in hyocr-vllm+omp hyocr-vllm+graphs; do
     CARD_LEVELS=64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" "$v"
   done
   note "done"
