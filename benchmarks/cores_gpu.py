@@ -10,8 +10,8 @@ HunyuanOCR 1.0 architecture, random bf16 weights), same seeded images and client
 
     python benchmarks/cores_gpu.py OUT_DIR TARGET...      TARGET: vllm-serve | vllm-serve+api4 |
                                                            hyocr-vllm[+VARIANT] (engines_gpu.VARIANTS)
-Environment: CARD_LEVELS (1,32,64,128,192), A4_LEVELS (64,128), LEVELS_ONLY=card (skip a4), REQUESTS_PER_STREAM (4
-cards, 2 pages). Writes OUT_DIR/TARGET.levels.json and the server logs.
+Environment: CARD_LEVELS (1,32,64,128,192), A4_LEVELS (64,128), LEVELS_ONLY=card (skip a4), REQUESTS_PER_STREAM (cards a
+stream, 4; pages 2). Writes OUT_DIR/TARGET.levels.json and the server logs.
 """
 
 from __future__ import annotations
@@ -51,12 +51,11 @@ engines_gpu.VARIANTS.update({
     "shared-api3-cores3": "--engines-per-gpu 3 --api-processes 3",  # one shared socket (HYOCR_SHARED_SOCKET)
     # FP8 KV cache (FA3 on Hopper; KV_CACHE_DTYPE, sized at a byte an element): session 23, +5% cards on three cores
     "fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8",
+    "fp8kv-api4-cores4": "--engines-per-gpu 4 --api-processes 4 --kv-cache-dtype fp8",
     "convs": "",  # the encoder's patch embedding and merger as vLLM has them (HYOCR_VISION_GEMM=0): session 24's A/B
-    # session 24's py-spy (NOTES entry 33): the core's batching of byte pixels into reused pinned buffers
-    # (HYOCR_PIXEL_STAGING=ring), and CUDA graphs for the prefill steps' token counts (up to 8192; vLLM's default
-    # stops at 2 x MAX_NUM_SEQS = 128, so every step with a prefill ran inductor's wrappers eagerly)
-    "ring": "",
-    "ring-fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8",
+    # session 24's py-spy (NOTES entry 33): CUDA graphs for the prefill steps' token counts (up to 8192; vLLM's
+    # default stops at 2 x MAX_NUM_SEQS = 128, so every step with a prefill ran inductor's wrappers eagerly);
+    # session 27: 49.6 against 54.4 cards/s beside it on three cores (NOTES entry 34), not adopted
     "graphs": "--vllm-args GRAPHS",
     "graphs-fp8kv-api3-cores3": "--engines-per-gpu 3 --api-processes 3 --kv-cache-dtype fp8 --vllm-args GRAPHS",
     # session 25: torch's CPU threads in the engine process as vLLM 0.26 leaves them, a thread per core
@@ -73,10 +72,10 @@ for _name in ("graphs", "graphs-fp8kv-api3-cores3"):
 VARIANT_ENV = {"v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
                "mps": {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps-pipe", "CUDA_MPS_LOG_DIRECTORY": "/tmp/mps-log"},
                "shared": {"HYOCR_SHARED_SOCKET": "1"}, "convs": {"HYOCR_VISION_GEMM": "0"},
-               "ring": {"HYOCR_PIXEL_STAGING": "ring"}, "omp": {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}}
+               "omp": {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}}
 CARD_LEVELS = [int(c) for c in os.environ.get("CARD_LEVELS", "1,32,64,128,192").split(",") if c]
 A4_LEVELS = [int(c) for c in os.environ.get("A4_LEVELS", "64,128").split(",") if c]
-PER_STREAM = {"card": 4, "a4": 2}
+PER_STREAM = {"card": int(os.environ.get("REQUESTS_PER_STREAM", 4)), "a4": 2}  # cards: more for a steadier level
 TOKENS = {"card": int(os.environ.get("CARD_TOKENS", 150)), "a4": int(os.environ.get("A4_TOKENS", 1000))}
 MIN_REQUESTS = int(os.environ.get("MIN_REQUESTS", 32))
 
@@ -210,7 +209,7 @@ class Sampler(threading.Thread):
 
 
 def bench(url: str, target: str, workload: str, concurrency: int, out: Path, server: int) -> dict:
-    requests = max(MIN_REQUESTS, PER_STREAM[workload] * concurrency) if workload == "card" else max(16, 2 * concurrency)
+    requests = max(MIN_REQUESTS if workload == "card" else 16, PER_STREAM[workload] * concurrency)
     path = out / f"{workload}-{engines_gpu.safe(target)}-c{concurrency}.json"
     cmd = [sys.executable, "-m", "hyocr", "bench", "--url", url, "--workload", workload, "--concurrency",
            str(concurrency), "--requests", str(requests), "--max-tokens", str(TOKENS[workload]), "--fixed-output",
@@ -222,9 +221,11 @@ def bench(url: str, target: str, workload: str, concurrency: int, out: Path, ser
             **os.environ, "PYTHONPATH": f"{engines_gpu.ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"})
     level = json.loads(path.read_text())["levels"][0] if path.exists() else {"error": f"bench exit {done.returncode}"}
     level.update(sampler.figures(level.get("requests", 0) - level.get("errors", 0)))
+    if level.get("latency_mean_s"):  # Little's law: the rate the level holds between its ramp-up and its drain
+        level["steady_rps_estimate"] = round(concurrency / level["latency_mean_s"], 2)
     if before is not None:
         level["histograms"] = histogram_means(before, histogram_totals(url), sampler.wall)
-    keys = ("concurrency", "throughput_rps", "latency_p50_s", "latency_p99_s", "ttft_p50_s", "errors",
+    keys = ("concurrency", "throughput_rps", "steady_rps_estimate", "latency_p50_s", "latency_p99_s", "ttft_p50_s", "errors",
             "gpu_busy_pct", "core_cpu_pct", "core_cpu_ms_per_request")
     print(target, workload, {k: level.get(k) for k in keys}, flush=True)
     return level

