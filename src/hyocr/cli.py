@@ -262,12 +262,13 @@ def _command(args: argparse.Namespace) -> int:
 def serve(settings: Settings) -> int:
     import uvicorn
 
-    from .api.app import build_app
+    from .api.app import build_app, check_gateway_settings
     from .api.serving import warn_if_exposed
     from .server.uvicorn import Server, uvicorn_options
 
     if settings.gil_switch_interval:
         sys.setswitchinterval(settings.gil_switch_interval)
+    check_gateway_settings(settings)
     warn_if_exposed(settings)
     if settings.ray:  # the API and the engine replicas as a Ray Serve application
         from .ray.serve import run

@@ -135,9 +135,18 @@ def build_app(settings: Settings, engine: Engine | None = None) -> FastAPI:
     return app
 
 
+def check_gateway_settings(settings: Settings) -> None:
+    """Auth and rate-limit settings read as build_app will read them, before any process or engine starts:
+    SettingsError (one line per problem) instead of a traceback from a worker."""
+    policy = AuthPolicy.from_settings(settings)
+    if settings.rate_limit:
+        RateLimiter(settings.rate_limit, settings.rate_limit_storage)
+    _auth_failures(settings, policy)
+
+
 def _auth_failures(settings: Settings, policy: AuthPolicy) -> RateLimiter | None:
     """The counter of failed credentials per address (api/security.py), where callers have credentials."""
     spec = (settings.auth_failure_limit or "").strip()
     if not policy.requires_identity or spec.lower() in ("", "off", "none", "0"):
         return None
-    return RateLimiter(spec, settings.rate_limit_storage)
+    return RateLimiter(spec, settings.rate_limit_storage, setting="auth_failure_limit")

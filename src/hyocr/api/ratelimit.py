@@ -17,17 +17,29 @@ from .limits import send_json_error
 
 
 class RateLimiter:
-    def __init__(self, spec: str, storage_uri: str = "memory://") -> None:
+    def __init__(self, spec: str, storage_uri: str = "memory://", setting: str = "rate_limit") -> None:
         from limits import parse_many
         from limits.aio.strategies import MovingWindowRateLimiter
+        from limits.errors import ConfigurationError
         from limits.storage import storage_from_string
 
-        self.items = parse_many(spec)  # "60/minute" or "10/second;1000/hour"
+        from ..config import SettingsError
+
+        def invalid(name: str, exc: Exception) -> SettingsError:
+            return SettingsError(f"invalid settings:\n  {name} (HYOCR_{name.upper()}): {exc}")
+
+        try:
+            self.items = parse_many(spec)  # "60/minute" or "10/second;1000/hour"
+        except ValueError as exc:
+            raise invalid(setting, exc) from None
         # The async storages (no blocking Redis round trip on the event loop).
         uri = storage_uri if storage_uri.startswith("async+") else "async+" + storage_uri
         # Redis through redis-py's asyncio client (limits' default async client is coredis).
         options = {"implementation": "redispy"} if "redis" in uri.split("://", 1)[0] else {}
-        self.limiter = MovingWindowRateLimiter(storage_from_string(uri, **options))
+        try:
+            self.limiter = MovingWindowRateLimiter(storage_from_string(uri, **options))
+        except (ConfigurationError, ValueError) as exc:
+            raise invalid("rate_limit_storage", exc) from None
 
     async def exceeded(self, caller: str) -> float | None:
         """Like ``hit`` without spending: None while the caller is under every limit."""

@@ -75,21 +75,29 @@ class AuthPolicy:
 
     @classmethod
     def from_settings(cls, settings) -> AuthPolicy:
-        digests = _digests(settings.api_keys)
-        jwt_keys: list[tuple[str, object]] = []
-        if settings.jwt_secret:
-            jwt_keys.append(("HS256", settings.jwt_secret.get_secret_value()))
-        if settings.jwt_public_key:
-            jwt_keys.append(("RS256", _read_key(settings.jwt_public_key)))
-        if settings.jwt_jwks_file:
-            import jwt
+        """The policy the settings describe; SettingsError, one line per problem, for settings it cannot use."""
+        from ..config import SettingsError
 
-            jwks = json.loads(Path(settings.jwt_jwks_file).read_text())
-            for jwk in jwks.get("keys", []):
-                jwt_keys.append(("RS256", jwt.PyJWK(jwk).key))
+        problems: list[str] = []
+        digests = _digests(settings.api_keys, "api_keys", problems)
+        metrics_digests = _digests(settings.metrics_api_keys, "metrics_api_keys", problems)
+        roots = [name for name in ("jwt_secret", "jwt_public_key", "jwt_jwks_file") if getattr(settings, name)]
+        if len(roots) > 1:
+            # A token's caller is its issuer and subject; with several trust roots, whoever holds any one of them
+            # could sign as another root's issuer and own its callers' jobs. One root (a JWKS may hold many keys).
+            problems.append(f"{', '.join(roots)}: set one of them (a JWKS file for several keys of one issuer): "
+                            "with several, the holder of any one could sign tokens for another's callers")
+        jwt_keys = _jwt_keys(settings, problems)
+        networks = {name: _networks(getattr(settings, name), name, problems)
+                    for name in ("allowed_ips", "trusted_proxies")}
+        if problems:
+            raise SettingsError("invalid settings:\n" + "\n".join(f"  {p}" for p in problems))
         if jwt_keys and not settings.jwt_audience:
             log.warning("JWT_AUDIENCE is not set: tokens issued for any audience (other services of the same "
                         "issuer) are accepted")
+        if settings.jwt_secret and len(settings.jwt_secret.get_secret_value().encode()) < 32:
+            log.warning("JWT_SECRET is shorter than 32 bytes: an HS256 secret that short can be guessed offline "
+                        "from one token (RFC 7518 asks for 256 bits)")
         public = {"/health"}
         if settings.public_ready:
             public.add("/ready")
@@ -100,17 +108,54 @@ class AuthPolicy:
             jwt_keys=tuple(jwt_keys),
             jwt_audience=settings.jwt_audience,
             jwt_issuer=settings.jwt_issuer,
-            allowed_ips=parse_networks(settings.allowed_ips),
-            trusted_proxies=parse_networks(settings.trusted_proxies),
+            allowed_ips=networks["allowed_ips"],
+            trusted_proxies=networks["trusted_proxies"],
             public_paths=frozenset(public),
-            metrics_key_digests=() if settings.public_metrics else _digests(settings.metrics_api_keys),
+            metrics_key_digests=() if settings.public_metrics else metrics_digests,
         )
 
 
-def _digests(keys) -> tuple[bytes, ...]:
-    """SHA-256 of each comma-separated key of a SecretStr setting."""
+def _digests(keys, name: str = "", problems: list[str] | None = None) -> tuple[bytes, ...]:
+    """SHA-256 of each comma-separated key of a SecretStr setting. A setting given that holds no key (``" , "``,
+    or ``"$K1,$K2"`` with both unset) is a problem, not auth turned off."""
     text = keys.get_secret_value() if keys else ""
-    return tuple(hashlib.sha256(k.strip().encode()).digest() for k in text.split(",") if k.strip())
+    found = tuple(hashlib.sha256(k.strip().encode()).digest() for k in text.split(",") if k.strip())
+    if keys is not None and text and not found and problems is not None:
+        problems.append(f"{name} (HYOCR_{name.upper()}): set but holds no key (only commas and spaces)")
+    return found
+
+
+def _jwt_keys(settings, problems: list[str]) -> list[tuple[str, object]]:
+    """(algorithm family, key) for the configured trust root, each checked as it is read."""
+    keys: list[tuple[str, object]] = []
+    if settings.jwt_secret:
+        keys.append(("HS256", settings.jwt_secret.get_secret_value()))
+    try:
+        import jwt
+        from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+        if settings.jwt_public_key:
+            pem = _read_key(settings.jwt_public_key)
+            load_pem_public_key(pem.encode())  # a garbage PEM would otherwise make every token a 401
+            keys.append(("RS256", pem))
+        if settings.jwt_jwks_file:
+            jwks = json.loads(Path(settings.jwt_jwks_file).read_text())
+            found = jwks.get("keys") if isinstance(jwks, dict) else None
+            if not isinstance(found, list) or not found:
+                raise ValueError("no \"keys\" list in it")
+            keys.extend(("RS256", jwt.PyJWK(jwk).key) for jwk in found)
+    except (OSError, ValueError, TypeError, jwt.PyJWTError) as exc:  # JSONDecodeError is a ValueError
+        name = "jwt_jwks_file" if settings.jwt_jwks_file else "jwt_public_key"
+        problems.append(f"{name} (HYOCR_{name.upper()}): cannot be used: {type(exc).__name__}: {exc}"[:300])
+    return keys
+
+
+def _networks(spec: str | None, name: str, problems: list[str]) -> tuple[IPNetwork, ...]:
+    try:
+        return parse_networks(spec)
+    except ValueError as exc:
+        problems.append(f"{name} (HYOCR_{name.upper()}): {exc}")
+        return ()
 
 
 def _read_key(value: str) -> str:

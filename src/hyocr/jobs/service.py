@@ -35,10 +35,11 @@ from .batch_runner import BatchRunner
 from .batch_store import BatchStore
 from .batches import Batches
 from .codec import request_digest
+from .database import database_url
 from .exports import JobExports
 from .files import Files, FileStore
 from .runner import JobRunner
-from .store import JobRecord, JobStore, database_url
+from .store import JobRecord, JobStore
 from .webhooks import WebhookSigner, check_callback_url, load_secret
 
 log = logging.getLogger("hyocr.jobs")

@@ -7,35 +7,22 @@ a conditional UPDATE (one winner), and a page is stored under a unique (job, pos
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import os
-import random
 import time
 import uuid
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from sqlalchemy import and_, delete, event, func, insert, or_, select, update
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..types import MediaInput, OcrCall, PageResult
-from . import codec, paging
-from .schema import deliveries, inputs, jobs, metadata, pages, ranges, upgrade
+from . import codec, database, paging
+from .schema import deliveries, inputs, jobs, pages, ranges
 
 log = logging.getLogger(__name__)
 ACTIVE = ("queued", "running")
-# Several API processes (or replicas) open one database at the same moment: the loser of the race to create a
-# table sees "already exists" (SQLite, PostgreSQL) or a duplicate catalog row (PostgreSQL), and tries again,
-# when the winner's tables are there to be seen.
-SCHEMA_ATTEMPTS = 8
-# What another process creating the same tables at the same moment looks like. SQLite's "database is locked"
-# comes without waiting out busy_timeout where a read turned write loses to another writer (the busy handler
-# is skipped there to avoid a deadlock); creating the tables is idempotent, so it is tried again too.
-_RACED = ("already exists", "duplicate", "database is locked")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,25 +70,6 @@ class Claim:
     pages_total: int = 0  # the job's: a document of one page is read as one request (its failure says why)
 
 
-def database_url(settings) -> str:
-    if settings.jobs_database_url:
-        return settings.jobs_database_url
-    return f"sqlite+aiosqlite:///{settings.data_path / 'jobs.db'}"
-
-
-def _private_sqlite(path: Path) -> None:
-    """The database holds every caller's documents, results and callback headers (receivers' credentials):
-    readable by the server's user only. A new folder is 0700; the file is made 0600 before SQLite opens it,
-    which gives its -wal and -shm files the same mode (an older database's are narrowed here)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    for part in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        with contextlib.suppress(OSError):  # another user's file, or none
-            if part.stat().st_mode & 0o077:
-                part.chmod(0o600)
-
-
 class JobStore:
     def __init__(self, url: str, *, lease: float = 30.0) -> None:
         self.url = url
@@ -113,34 +81,11 @@ class JobStore:
         except ImportError as exc:  # asyncpg: the postgres extra
             raise RuntimeError(f"the jobs database needs {exc.name}: pip install 'hyocr[postgres]'") from None
         if self.sqlite:
-            event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine.sync_engine, "connect", database.sqlite_pragmas)
 
     async def open(self) -> None:
         """Create the tables if missing. An unreachable database stops the server with one clear line."""
-        if self.sqlite:
-            path = self.url.split(":///", 1)[1].split("?", 1)[0]  # the file, without the URL's query
-            if path and path != ":memory:":
-                _private_sqlite(Path(path))
-        for attempt in range(1, SCHEMA_ATTEMPTS + 1):
-            try:
-                async with self.engine.begin() as db:
-                    await db.run_sync(metadata.create_all)
-                    await db.run_sync(upgrade)
-                return
-            except SQLAlchemyError as exc:
-                cause = str(getattr(exc, "orig", exc))  # the driver's message, not the statement
-                if attempt < SCHEMA_ATTEMPTS and any(word in cause.lower() for word in _RACED):
-                    log.info("jobs database: another process created the same tables (%s); again",
-                             cause.splitlines()[0][:120] if cause else "")
-                    await asyncio.sleep(0.1 * attempt * (1 + random.random()))  # another process is creating the tables
-                    continue
-                self._unopenable(exc)
-            except OSError as exc:
-                self._unopenable(exc)
-
-    def _unopenable(self, exc: BaseException) -> NoReturn:
-        where = self.engine.url.render_as_string(hide_password=True)
-        raise RuntimeError(f"the jobs database {where} cannot be opened: {type(exc).__name__}: {exc}") from None
+        await database.create_schema(self.engine, self.url)
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -399,11 +344,3 @@ def _record(row: Any, position: int | None) -> JobRecord:
         callback_headers=row["callback_headers"], queue_position=position, request_digest=row["request_digest"],
         output_uri=row["output_uri"], output_state=row["output_state"], output_error=row["output_error"],
     )
-
-
-def _sqlite_pragmas(connection, _record) -> None:
-    cursor = connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
-    cursor.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; WAL keeps it consistent
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.close()
