@@ -346,6 +346,17 @@ def test_headers_past_their_size_or_time_are_refused_before_anything_reads_them(
                 with contextlib.suppress(ConnectionResetError, BrokenPipeError):
                     sock.sendall(b"GET /v1/models?q=" + b"a" * size + b" HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert _error_of(_read_all(sock), 414)["code"] == "uri_too_long", size
+        # One header past HEADER_BYTES in one write (the parser would take it whole: httptools' own limit is
+        # ~128 KiB), on a new connection and as a kept-alive connection's second request.
+        big = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n"
+        for first in (b"", b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                if first:
+                    sock.sendall(first)
+                    assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+                with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                    sock.sendall(big)
+                assert _error_of(_read_all(sock), 431)["code"] == "headers_too_large", first
         # One header line every 0.4 s (slowloris), and a connection that sends nothing: 408 at HEADER_TIMEOUT.
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             started = time.monotonic()

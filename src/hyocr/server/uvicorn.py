@@ -82,6 +82,13 @@ def _json_400(message: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
 _PARSER_MESSAGE = "the HTTP parser refused it (e.g. a control character in a header, a bad Content-Length)"
 
 
+def _header_part(data: bytes) -> int:
+    """How much of a read is headers: up to the blank line that ends them, or all of it. A read that starts in
+    the middle of the terminator, or one with a body after it, is counted by its header part alone."""
+    ends = [i + n for i, n in ((data.find(b"\r\n\r\n"), 4), (data.find(b"\n\n"), 2)) if i != -1]
+    return min(ends) if ends else len(data)
+
+
 class HeaderGuard:
     """Mixed into uvicorn's protocol classes: a request whose headers pass HEADER_BYTES is answered 431 (a
     request line past REQUEST_LINE_BYTES 414), one whose headers are not in HEADER_TIMEOUT seconds after the
@@ -105,11 +112,16 @@ class HeaderGuard:
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
-        if not self._guard_line and not self._headers_in():  # the request line still coming: its length first
-            end = data.find(b"\n")
-            if self._guard_bytes + (len(data) if end == -1 else end) > REQUEST_LINE_BYTES:
-                self._guard_refuse(414, "URI Too Long", f"the request line is longer than {REQUEST_LINE_BYTES} "
-                                   "bytes", "uri_too_long")
+        if not self._headers_in():  # measured before the parser sees them: one read may hold all the headers
+            if not self._guard_line:  # the request line still coming: its length first
+                end = data.find(b"\n")
+                if self._guard_bytes + (len(data) if end == -1 else end) > REQUEST_LINE_BYTES:
+                    self._guard_refuse(414, "URI Too Long", f"the request line is longer than {REQUEST_LINE_BYTES} "
+                                       "bytes", "uri_too_long")
+                    return
+            if self._guard_bytes + _header_part(data) > HEADER_BYTES:
+                self._guard_refuse(431, "Request Header Fields Too Large",
+                                   f"the request's headers are larger than {HEADER_BYTES} bytes", "headers_too_large")
                 return
         super().data_received(data)  # type: ignore[misc]
         if self.transport.is_closing():  # type: ignore[attr-defined]
@@ -120,10 +132,6 @@ class HeaderGuard:
             self._guard_arm()
             self._guard_bytes += len(data)
             self._guard_line = self._guard_line or b"\n" in data
-            if self._guard_bytes > HEADER_BYTES:
-                self._guard_refuse(431, "Request Header Fields Too Large",
-                                   f"the request's headers are larger than {HEADER_BYTES} bytes",
-                                   "headers_too_large")
 
     def _guard_arm(self) -> None:
         if self._guard_timer is None:
@@ -182,6 +190,12 @@ def httptools_protocol() -> type:
         def on_headers_complete(self) -> None:
             self._headers_done = True
             super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            idle = not self.pipeline  # no pipelined request whose headers are in: the next bytes are new headers
+            super().on_response_complete()
+            if idle:
+                self._headers_done = False
 
         def send_400_response(self, msg: str) -> None:
             body, headers = _json_400(_PARSER_MESSAGE)
