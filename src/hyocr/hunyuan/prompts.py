@@ -168,6 +168,21 @@ class PromptMatch:
     single_key: bool = False
 
 
+# HunyuanOCR's special tokens are all of this family (placeholders, role markers, begin/end of sentence). Text a
+# client sends is tokenized with the template, so such a string in it would become the token itself: a forged
+# turn, or an image placeholder that breaks the prompt (the transformers processor counts them against images).
+RESERVED_TOKEN = re.compile(r"<｜hy_[^｜<>\n]{1,64}｜>")
+
+
+def refuse_reserved_tokens(texts: Sequence[tuple[str, str | None]]) -> None:
+    """InvalidRequest naming the first (param, text) pair that holds one of the model's special tokens."""
+    for param, text in texts:
+        found = RESERVED_TOKEN.search(text) if text else None
+        if found:
+            raise InvalidRequest(f"{param}: the text holds {found.group()[:72]}, one of the model's reserved tokens; "
+                                 "it cannot be sent as text", param=param, code="reserved_token")
+
+
 def parse_task(name: str) -> Task:
     """Accept the enum values and a few common aliases, case-insensitively."""
     key = name.strip().lower().replace("-", "_") if isinstance(name, str) else ""

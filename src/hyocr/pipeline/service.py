@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from ..engines.base import Engine, structured_refusal
 from ..engines.registry import engines_for
 from ..errors import GatewayTimeout, InvalidRequest, UnsupportedTask
-from ..hunyuan.prompts import V15_TASKS, build_prompt
+from ..hunyuan.prompts import V15_TASKS, build_prompt, refuse_reserved_tokens
 from ..observability.logs import record
 from ..types import (
     ChatEvent,
@@ -221,6 +221,8 @@ class OcrService:
         """(task that will run, task that was asked). Raises UnsupportedTask for strict calls, and
         ``structured_refusal``'s error for an output constraint the engine cannot keep (a 400, or a 503 where
         its start-up check turned structured outputs off)."""
+        refuse_reserved_tokens([("prompt", call.prompt), ("system", call.system), ("question", call.question),
+                                *(("fields", field) for field in call.fields)])
         if call.sampling.structured is not None and not self.engine.info.structured:
             raise structured_refusal(self.engine.info, "schema" if call.strict_task else "response_format")
         requested = call.task
