@@ -161,6 +161,20 @@ def test_health_ready_and_unknown_routes(fake_server_factory):
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
     wrong_method = requests.get(f"{server.url}/v1/ocr", timeout=5)
     assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+    for path in ("/health", "/ready", "/v1/models"):  # uptime monitors probe with HEAD (was 405: "down")
+        head = requests.head(f"{server.url}{path}", timeout=5)
+        assert head.status_code == 200 and head.content == b"", path
+
+
+def test_nullable_openai_fields_sent_as_null_take_their_defaults(fake_server_factory):
+    server = fake_server_factory()
+    image = {"type": "image_url", "image_url": {"url": IMAGE}}
+    chat = requests.post(f"{server.url}/v1/chat/completions", timeout=30, json={
+        "messages": [{"role": "user", "content": [image]}], "stream": None, "n": None})
+    assert chat.status_code == 200 and chat.json()["object"] == "chat.completion", chat.text
+    done = requests.post(f"{server.url}/v1/completions", timeout=30, json={
+        "prompt": "", "image": IMAGE, "echo": None, "stream": None, "ignore_eos": None})
+    assert done.status_code == 200 and done.json()["object"] == "text_completion", done.text
 
 
 def test_client_hanging_up_on_a_plain_request_aborts_engine_work(fake_server_factory):

@@ -21,6 +21,7 @@ from pydantic import (
     WrapValidator,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 from ..jobs.webhooks import reserved_header
@@ -58,6 +59,15 @@ MediaStr = Annotated[str, Field(max_length=sys.maxsize), WithJsonSchema({"type":
 
 class WireModel(BaseModel):
     model_config = ConfigDict(extra="allow", str_max_length=MAX_TEXT_CHARS, allow_inf_nan=False)
+    # OpenAI's spec makes these nullable and some client libraries send explicit nulls: null is the default.
+    null_means_default: ClassVar[frozenset[str]] = frozenset({"stream", "n", "echo", "ignore_eos"})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(data.get(k, 0) is None for k in cls.null_means_default):
+            return {k: v for k, v in data.items() if not (v is None and k in cls.null_means_default)}
+        return data
 
     def refused_field(self) -> str | None:
         extra = self.model_extra or {}

@@ -13,12 +13,14 @@ from .deps import service_of
 router = APIRouter(tags=["health"])
 
 
-@router.get("/health", summary="The process is alive")
+# HEAD too: uptime monitors probe with it
+@router.api_route("/health", methods=["GET", "HEAD"], summary="The process is alive")
 async def health() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/ready", summary="The engine is loaded and answering (503 otherwise)")
+@router.api_route("/ready", methods=["GET", "HEAD"],
+                  summary="The engine is loaded and answering (503 otherwise)")
 async def ready(request: Request) -> JSONResponse:
     engine = service_of(request).engine
     supervisor = request.app.state.supervisor

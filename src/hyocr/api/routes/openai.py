@@ -118,7 +118,7 @@ async def _as_chunks(events: AsyncIterator[ChatEvent]) -> AsyncIterator[EngineCh
         await events.aclose()
 
 
-@router.get("/v1/models", summary="The model this server runs")
+@router.api_route("/v1/models", methods=["GET", "HEAD"], summary="The model this server runs")
 async def models(request: Request) -> dict:
     info = service_of(request).engine.info
     created = request.app.state.started_at
