@@ -268,3 +268,33 @@ def test_the_webhook_is_signed_and_retried_after_a_failed_delivery(fake_server_f
     (h1, _, v1), (h2, b2, v2) = _Receiver.seen
     assert v1 and v2 and h1["webhook-id"] == h2["webhook-id"] and h1["X-Mine"] == "yes"
     assert b2["type"] == "job.succeeded" and b2["data"]["id"] == job["id"] and b2["data"]["pages"]["done"] == 1
+
+
+class _StallsOnce(FakeEngine):
+    """Fault injection: the first read of the document's second page fails as a stalled engine's does (503)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    async def generate(self, request):
+        self.asked.append(request.request_id)
+        if request.request_id.endswith("-p1") and sum(r.endswith("-p1") for r in self.asked) == 1:
+            from hyocr.pipeline.progress import stalled_error
+
+            raise stalled_error(120)
+        async for chunk in super().generate(request):
+            yield chunk
+
+
+def test_a_jobs_page_that_fails_retryably_is_read_again_not_kept_as_an_error_page(fake_server_factory):
+    # An error page is final (a helper round saw a job "succeed" with 14 of 17 pages "stalled, retry"): a 5xx
+    # on a page of background work fails the range's read, and the runner reads the pages not stored again.
+    engine = _StallsOnce()
+    server = fake_server_factory(engine, ui=False, job_workers=1, job_range_pages=3)
+    job = requests.post(f"{server.url}/v1/jobs", json={"image": _b64(SCAN), "task": "text"}, timeout=30).json()
+    done = _wait(server.url, job["id"], timeout=60)
+    assert done["status"] == "succeeded" and done["pages"] == {"total": 3, "done": 3, "failed": 0}, done
+    result = requests.get(f"{server.url}/v1/jobs/{job['id']}/result", timeout=10).json()
+    assert [p["index"] for p in result["pages"]] == [0, 1, 2] and not any(p.get("error") for p in result["pages"])
+    assert sum(r.endswith("-p1") for r in engine.asked) == 2

@@ -11,8 +11,8 @@ from hyocr.pipeline.progress import ONE_SHOT_SLACK, ProgressBoard, restarting_er
 
 
 def _waiting(board: ProgressBoard, request_id: str, *, entered: float, since: float, started: bool = False,
-             expected: float | None = None):
-    watch = board.enter(request_id, expected)
+             expected: float | None = None, priority: int = 0):
+    watch = board.enter(request_id, expected, priority)
     watch.entered = entered
     if started:
         board.got(watch)
@@ -47,6 +47,26 @@ def test_a_queued_request_is_hung_only_when_a_later_one_overtook_it():
     assert board.check(now=2.0) == ([], False)  # waiting its turn behind progressing work
     board.leave(ahead)
     _waiting(board, "later", entered=0.5, since=1.9, started=True)  # arrived after it, already started
+    assert board.check(now=2.0) == ([queued], False)
+
+
+def test_a_jobs_page_waiting_behind_online_requests_is_not_overtaken():
+    # Engines serve online requests before a job's pages (priority 1): online work that arrived later and
+    # started is the order they keep, not a stall (a helper round saw 14 of a job's 17 pages stored as
+    # "stalled" error pages while online cards flowed on a one-worker rapidocr).
+    board = ProgressBoard(stall_timeout=1.0)
+    page = _waiting(board, "job page", entered=0, since=0, priority=1)
+    online = _waiting(board, "online", entered=0.5, since=1.9, started=True)
+    assert board.check(now=2.0) == ([], False)
+    board.leave(online)
+    _waiting(board, "later page", entered=0.5, since=1.9, started=True, priority=1)  # its own class overtook it
+    assert board.check(now=2.0) == ([page], False)
+
+
+def test_an_online_request_overtaken_by_a_jobs_page_is_hung():
+    board = ProgressBoard(stall_timeout=1.0)
+    queued = _waiting(board, "online", entered=0, since=0)
+    _waiting(board, "job page", entered=0.5, since=1.9, started=True, priority=1)
     assert board.check(now=2.0) == ([queued], False)
 
 

@@ -59,7 +59,7 @@ class EngineRun:
         guard = (postprocess.LoopGuard(min_repeats=rules.guard_min_repeats, max_unit=rules.guard_max_unit)
                  if wanted and self.engine.info.follows_prompts else None)
         started = time.perf_counter()
-        watch = self.progress.enter(request.request_id, self.engine.expected_seconds(request))
+        watch = self.progress.enter(request.request_id, self.engine.expected_seconds(request), request.priority)
         stream = self.engine.generate(request)
         try:
             while True:

@@ -14,8 +14,9 @@ A wait past its budget is *overdue*. What follows (``ProgressBoard.check``):
 - every watched request overdue: the engine as a whole makes no progress -> restart it (the
   supervisor), failing the in-flight requests with a retryable 503;
 - only some overdue: such a request is *hung* when the engine had started on it (it went silent) or
-  when a request that reached the engine after it has started (it was overtaken; engines serve in
-  arrival order). A hung request alone fails with a retryable 503 and its engine work is aborted;
+  when a request of its priority or a lower one that reached the engine after it has started (it was
+  overtaken; engines serve each priority in arrival order, online requests before a job's pages, so a
+  page waiting behind online traffic is not overtaken). A hung request alone fails with a retryable 503 and its engine work is aborted;
   the others flow on. An overdue request that was not overtaken is queued inside the engine behind
   work that is progressing: it waits.
 
@@ -44,6 +45,7 @@ class Watch:
     request_id: str
     entered: float  # when it reached the engine (monotonic)
     expected: float | None  # the engine's estimate in seconds (one-shot engines), None for streams
+    priority: int = 0  # EngineRequest.priority: 0 online, higher served after lower
     since: float = 0.0  # when the current wait began
     budget: float = 0.0  # seconds of silence allowed for the current wait
     started: bool = False  # the engine has sent something for it (a token, or a start signal)
@@ -59,14 +61,15 @@ class ProgressBoard:
         self.watches: set[Watch] = set()
         self.hung = 0  # requests failed alone
         self.restarting: str | None = None  # why the engine is being restarted: new requests wait outside
-        self._latest_start = float("-inf")  # latest ``entered`` among requests the engine has started
+        # per priority: the latest ``entered`` among requests of that priority the engine has started
+        self._latest_start: dict[int, float] = {}
 
     # ------------------------------------------------------------------ the request's side
 
-    def enter(self, request_id: str, expected: float | None = None) -> Watch:
+    def enter(self, request_id: str, expected: float | None = None, priority: int = 0) -> Watch:
         if self.restarting is not None:
             raise restarting_error(self.restarting)
-        watch = Watch(request_id, time.monotonic(), expected)
+        watch = Watch(request_id, time.monotonic(), expected, priority)
         self.watches.add(watch)
         return watch
 
@@ -88,7 +91,8 @@ class ProgressBoard:
         watch.waiting = False
         if not watch.started:
             watch.started = True
-            self._latest_start = max(self._latest_start, watch.entered)
+            latest = self._latest_start.get(watch.priority, float("-inf"))
+            self._latest_start[watch.priority] = max(latest, watch.entered)
 
     def failure_for(self, watch: Watch) -> HyocrError | None:
         """Inside ``except CancelledError`` around a wait: the request's error when the cancellation was
@@ -118,7 +122,13 @@ class ProgressBoard:
         overdue = [w for w in self.watches if self.overdue(w, now) and w.failure is None]
         if overdue and len(overdue) == len(self.watches):
             return [], True
-        return [w for w in overdue if w.started or w.entered < self._latest_start], False
+        return [w for w in overdue if w.started or self._overtaken(w)], False
+
+    def _overtaken(self, watch: Watch) -> bool:
+        """A request of ``watch``'s priority or a lower one (served after it) that reached the engine later
+        has started: the engine is not serving ``watch``'s turn. Higher priorities may pass it by design."""
+        return any(entered > watch.entered for priority, entered in self._latest_start.items()
+                   if priority >= watch.priority)
 
     def fail(self, watch: Watch, error: HyocrError) -> None:
         """End ``watch``'s request with ``error``: now if it is awaiting the engine, else at its next wait."""

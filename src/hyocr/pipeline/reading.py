@@ -137,8 +137,10 @@ async def _page_events(run: EngineRun, prep: Prepared, n: int, page: PageImage, 
 
 
 def _failed(prep: Prepared, page: PageImage, exc: HyocrError) -> PageResult:
-    """One failed page does not fail a document of several; a single page's failure is the request's."""
-    if len(prep.pages) == 1:
+    """One failed page does not fail a document of several; a single page's failure is the request's. So is
+    a retryable one (5xx: a stalled or restarting engine, overload) in background work (a job's range, a batch
+    line): its runner tries the read again (the pages stored so far stay) where an error page would be final."""
+    if len(prep.pages) == 1 or (exc.status >= 500 and prep.call.priority > 0):
         raise exc
     if not exc.public:
         log.error("request %s page %d failed: %s: %s", prep.request_id, page.index, type(exc).__name__, exc.message)
