@@ -90,6 +90,25 @@ def test_a_range_whose_holder_stopped_renewing_is_claimed_again(tmp_path):
     _run(scenario())
 
 
+def test_owners_take_turns_for_the_workers(tmp_path):
+    # alice's job came first with three ranges; bob's, later, must not wait for all of alice's to be read
+    # (a helper round: a 12-page job held the one worker for a minute while another caller's page waited).
+    async def scenario():
+        store = await _store(tmp_path)
+        a, _ = await _submit(store, "alice")
+        b, _ = await _submit(store, "bob")
+        first = await store.claim("r1", max_running=5)
+        second = await store.claim("r2", max_running=5)
+        assert (first.job_id, second.job_id) == (a.id, b.id)
+        third = await store.claim("r3", max_running=5)  # one range each being read: the older job's turn
+        assert third.job_id == a.id
+        await store.finish_range(second.range_id, "r2")
+        fourth = await store.claim("r2", max_running=5)  # bob reads nothing now, alice two ranges
+        assert fourth.job_id == b.id
+        await store.close()
+    _run(scenario())
+
+
 def test_a_caller_at_the_running_cap_waits_while_others_run(tmp_path):
     async def scenario():
         store = await _store(tmp_path)

@@ -221,16 +221,21 @@ class JobStore:
 
     async def claim(self, replica: str, *, max_running: int) -> Claim | None:
         """The next range to read, held for ``lease`` seconds: a pending one, or one whose holder stopped
-        renewing (a replica that died). Jobs of owners at ``max_running`` running jobs wait."""
+        renewing (a replica that died). Jobs of owners at ``max_running`` running jobs wait. Owners take turns:
+        the owner with the fewest ranges being read goes first (oldest job first among equals), so one caller's
+        long jobs do not hold every worker while another's queued job waits for them to end."""
         now = time.time()
         claimable = or_(ranges.c.state == "pending", and_(ranges.c.state == "running", ranges.c.lease_until < now))
-        j2 = jobs.alias("j2")
+        j2, j3, r2 = jobs.alias("j2"), jobs.alias("j3"), ranges.alias("r2")
         busy = select(func.count()).select_from(j2).where(j2.c.owner == jobs.c.owner,
                                                           j2.c.status == "running").scalar_subquery()
+        reading = (select(func.count()).select_from(r2.join(j3, j3.c.id == r2.c.job_id))
+                   .where(j3.c.owner == jobs.c.owner, r2.c.state == "running", r2.c.lease_until >= now)
+                   .scalar_subquery())
         query = (select(ranges.c.id, ranges.c.job_id).join(jobs, jobs.c.id == ranges.c.job_id)
                  .where(claimable, ranges.c.not_before <= now,
                         or_(jobs.c.status == "running", and_(jobs.c.status == "queued", busy < max_running)))
-                 .order_by(jobs.c.created_at, ranges.c.id).limit(8))
+                 .order_by(reading, jobs.c.created_at, ranges.c.id).limit(8))
         async with self.engine.begin() as db:
             for range_id, job_id in (await db.execute(query)).all():
                 won = await db.execute(update(ranges).where(ranges.c.id == range_id, claimable).values(
