@@ -258,6 +258,15 @@ def test_rate_limits_are_shared_by_replicas_through_redis(fake_server_factory, t
         auth = {"Authorization": "Bearer shared"}
         codes = [_ocr(server, auth).status_code for server in (a, b, a, b)]
         assert codes == [200, 200, 200, 429]
+        # Redis gone: the limits are not kept, the service is (was a 500 without a request id for every caller,
+        # the auth-failure counter's before any key was checked, while /ready said 200)
+        redis.terminate()
+        redis.wait(timeout=10)
+        c = fake_server_factory(api_keys="other", rate_limit="3/minute", rate_limit_storage=storage)
+        for server, key in ((a, "shared"), (c, "other"), (c, "wrong")):
+            r = _ocr(server, {"Authorization": f"Bearer {key}"})
+            assert r.status_code == (401 if key == "wrong" else 200), r.text
+            assert r.headers["x-request-id"]
     finally:
         redis.terminate()
         redis.wait(timeout=10)

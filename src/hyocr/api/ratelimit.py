@@ -8,12 +8,15 @@ the client IP when auth is off: behind ``TRUSTED_PROXIES`` the forwarded client'
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .limits import send_json_error
+
+log = logging.getLogger("hyocr.ratelimit")
 
 
 class RateLimiter:
@@ -36,6 +39,7 @@ class RateLimiter:
         uri = storage_uri if storage_uri.startswith("async+") else "async+" + storage_uri
         # Redis through redis-py's asyncio client (limits' default async client is coredis).
         options = {"implementation": "redispy"} if "redis" in uri.split("://", 1)[0] else {}
+        self._warned = float("-inf")
         try:
             self.limiter = MovingWindowRateLimiter(storage_from_string(uri, **options))
         except (ConfigurationError, ValueError) as exc:
@@ -43,19 +47,33 @@ class RateLimiter:
 
     async def exceeded(self, caller: str) -> float | None:
         """Like ``hit`` without spending: None while the caller is under every limit."""
+        return await self._kept(self._check, caller, spend=False)
+
+    async def hit(self, caller: str) -> float | None:
+        """None when allowed; else seconds until the caller may try again."""
+        return await self._kept(self._check, caller, spend=True)
+
+    async def _check(self, caller: str, spend: bool) -> float | None:
         for item in self.items:
-            if not await self.limiter.test(item, "hyocr", caller):
+            allowed = await (self.limiter.hit if spend else self.limiter.test)(item, "hyocr", caller)
+            if not allowed:
                 stats = await self.limiter.get_window_stats(item, "hyocr", caller)
                 return max(1.0, stats.reset_time - time.time())
         return None
 
-    async def hit(self, caller: str) -> float | None:
-        """None when allowed; else seconds until the caller may try again."""
-        for item in self.items:
-            if not await self.limiter.hit(item, "hyocr", caller):
-                stats = await self.limiter.get_window_stats(item, "hyocr", caller)
-                return max(1.0, stats.reset_time - time.time())
-        return None
+    async def _kept(self, check, caller: str, spend: bool) -> float | None:
+        """The limits fail open: a storage that cannot be reached (Redis down) lets requests through, logged at
+        most once a minute, rather than failing every caller's request with a 500. A limit is a protection
+        of the service, not a condition of serving it."""
+        try:
+            return await check(caller, spend)
+        except Exception as exc:  # redis-py's connection and timeout errors, limits' storage errors
+            now = time.monotonic()
+            if now - self._warned > 60:
+                self._warned = now
+                log.error("rate limits are not kept: their storage fails (%s: %s); requests pass unlimited",
+                          type(exc).__name__, str(exc)[:200])
+            return None
 
 
 class RateLimitMiddleware:
