@@ -5,6 +5,7 @@ vLLM raises ``EngineGenerateError()``, with no message, ``from`` the real error:
 from __future__ import annotations
 
 import logging
+import sys
 
 from hyocr.errors import (
     CHAIN_LINKS,
@@ -116,3 +117,25 @@ def test_out_of_memory_anywhere_in_the_chain_is_the_retryable_503():
 
     error = engine_failure(_raised(wrapped), "vLLM generation failed")
     assert isinstance(error, ServiceUnavailable) and error.code == "out_of_memory"
+
+
+def test_a_json_log_line_names_the_error_and_its_causes_not_a_tracebacks_last_line():
+    # SQLAlchemy ends its message with a footnote line; the JSON log kept only that line ("(Background on this
+    # error at: https://sqlalche.me/e/21/e3q8)") and lost "database or disk is full" (a helper round, a full disk)
+    import json as _json
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from hyocr.observability.logs import JsonFormatter
+
+    try:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as low:
+            raise OperationalError("INSERT INTO hyocr_job_pages ...", {}, low) from low
+    except OperationalError:
+        record = logging.LogRecord("hyocr.jobs", logging.ERROR, __file__, 1, "range 2 failed", (), sys.exc_info())
+    line = _json.loads(JsonFormatter().format(record))
+    assert "database or disk is full" in line["error"] and line["error"].startswith("OperationalError")
+    assert "\n" not in line["error"]

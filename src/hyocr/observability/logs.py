@@ -15,6 +15,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..errors import exception_chain
 from .tracing import span
 
 # Filled by the service while it handles a request (image sizes, tokens, timings); read by the
@@ -51,8 +52,10 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         line.update(getattr(record, "fields", {}))
-        if record.exc_info:
-            line["error"] = self.formatException(record.exc_info).splitlines()[-1]
+        if record.exc_info and record.exc_info[1] is not None:
+            # every cause, one line: a traceback's last line alone can be a library's footnote (SQLAlchemy's
+            # "(Background on this error at: ...)" hid "database or disk is full")
+            line["error"] = exception_chain(record.exc_info[1])
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
