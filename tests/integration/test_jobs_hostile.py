@@ -247,3 +247,26 @@ def test_json_form_fields_nested_past_the_interpreters_depth_are_a_400(fake_serv
     _is_error(r, 400)
     assert r.json()["error"]["param"] == field
     assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_a_jobs_database_that_cannot_be_written_is_a_retryable_503(fake_server_factory, monkeypatch, caplog):
+    # Fault injection (a full disk cannot be made here without root's tmpfs): the store's write fails as SQLite's
+    # does on a full disk. Was a bare 500 whose log line had lost the cause.
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from hyocr.jobs.store import JobStore
+
+    server = fake_server_factory(ui=False)
+
+    async def full(*args, **kwargs):
+        raise OperationalError("INSERT INTO hyocr_jobs ...", {}, sqlite3.OperationalError("database or disk is full"))
+
+    monkeypatch.setattr(JobStore, "submit", full)
+    r = requests.post(f"{server.url}/v1/jobs", json={"image": _b64(_png()), "task": "text"}, timeout=30)
+    assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+    error = r.json()["error"]
+    assert error["code"] == "storage_unavailable" and "OperationalError" in error["message"]
+    assert "disk is full" not in error["message"]  # the driver's words stay in the log
+    assert any("database or disk is full" in rec.getMessage() for rec in caplog.records)

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import HyocrError, ServiceUnavailable
+from ..errors import HyocrError, ServiceUnavailable, exception_chain, root_cause_type
 from .limits import send_json_error
 
 log = logging.getLogger("hyocr.api")
@@ -150,6 +150,16 @@ def install_error_handlers(app: FastAPI) -> None:
             _HTTP_TYPES.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "internal_error"),
             headers=headers or None,
         )
+
+    from sqlalchemy.exc import OperationalError
+
+    @app.exception_handler(OperationalError)  # the jobs database: full, locked past its timeout, unreachable
+    async def _storage(request: Request, exc: OperationalError) -> JSONResponse:
+        request_id = request_id_of(request)
+        log.error("request %s: the jobs database failed: %s", request_id, exception_chain(exc))
+        return error_response(503, f"the jobs database cannot be used now ({root_cause_type(exc) or 'error'}); "
+                              f"retry later (request id {request_id})", "server_error", None,
+                              "storage_unavailable", headers={"Retry-After": "5"})
 
     @app.exception_handler(Exception)  # what escapes the outer middlewares (the inner one: below)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
