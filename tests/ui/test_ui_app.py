@@ -110,6 +110,8 @@ def test_with_auth_configured_the_ui_never_serves_an_unidentified_caller(fake_se
     from hyocr.ui.app import ui_auth
 
     assert ui_auth(load_settings()) is None  # no auth configured: open, like the API
+    assert ui_auth(load_settings(metrics_api_keys="scrape")) is None  # scrapers' keys guard /metrics alone (the
+    # UI was a 401 for everyone there: no caller has a principal when callers need no identity)
     check = ui_auth(load_settings(api_keys="k-one"))
     assert check(SimpleNamespace(scope={"state": {"principal": "key-abc"}})) == "key-abc"
     assert check(SimpleNamespace(scope={})) is None

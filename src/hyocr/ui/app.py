@@ -47,7 +47,8 @@ def ui_auth(settings: Settings) -> Callable[[Request], str | None] | None:
     """
     from ..api.security import AuthPolicy
 
-    if not AuthPolicy.from_settings(settings).enabled:
+    policy = AuthPolicy.from_settings(settings)
+    if not (policy.requires_identity or policy.allowed_ips):  # none, or scrapers' keys alone (they guard /metrics)
         return None
     return lambda request: request.scope.get("state", {}).get("principal")
 
