@@ -90,13 +90,22 @@ def test_an_output_is_validated_and_a_mismatch_says_where():
     assert value is None and error.startswith("the output is not JSON")
 
 
-def test_an_output_cut_short_is_closed_and_kept_when_it_still_validates():
+def test_an_output_cut_short_keeps_its_complete_members_when_they_still_validate():
     constraint = structured.from_schema(INVOICE)
-    cut = '{"invoice_no":"A-1","items":[{"name":"pen","qty":2}],"total":3'  # the number is complete
+    # the cut may be inside the last value ("total":3 of 3999): the members before it are what was written whole
+    cut = '{"invoice_no":"A-1","items":[{"name":"pen","qty":2}],"total":3'
     assert structured.parse_output(cut, constraint, complete=False) == (
-        {"invoice_no": "A-1", "items": [{"name": "pen", "qty": 2}], "total": 3}, None)
+        {"invoice_no": "A-1", "items": [{"name": "pen", "qty": 2}]}, None)
+    whole = '{"invoice_no":"A-1","items":[]}'  # the object ended exactly at max_tokens
+    assert structured.parse_output(whole, constraint, complete=False) == ({"invoice_no": "A-1", "items": []}, None)
     value, error = structured.parse_output('{"invoice_no":"A-1","ite', constraint, complete=False)
     assert value is None and "required property" in error and "stopped early" in error
+    # a string cut inside its value is not repaired into a whole-looking one (a helper round got the cut text
+    # back as the field's value, with no error)
+    name = structured.from_schema({"type": "object", "properties": {"name": {"type": "string"}},
+                                   "required": ["name"]})
+    value, error = structured.parse_output('{"name":" vtq vtq vtq', name, complete=False)
+    assert value is None and "stopped before its JSON was complete" in error
 
 
 def test_json_object_and_choice_outputs():

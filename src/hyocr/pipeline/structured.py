@@ -325,6 +325,13 @@ def _member_ends(text: str) -> list[int]:
     return ends[::-1]
 
 
+def _strict(text: str) -> tuple[Any, str | None]:
+    try:
+        return json.loads(text), None
+    except ValueError as exc:
+        return None, f"{exc}"[:200]
+
+
 def parse_output(text: str, structured: StructuredOutput, *, complete: bool = True) -> tuple[Any, str | None]:
     """The output's value checked against the constraint: ``(value, None)`` or ``(None, why)``.
 
@@ -334,9 +341,12 @@ def parse_output(text: str, structured: StructuredOutput, *, complete: bool = Tr
     if structured.choice:
         value = text if text in structured.choice else text.strip()
         return (value, None) if value in structured.choice else (None, "the output is not one of the choices")
-    value, error = extract_json(text)
-    if error is not None and not complete:  # cut inside a key or a value: drop that member
-        for cut in _member_ends(text)[:20]:
+    if complete:
+        value, error = extract_json(text)
+    else:  # cut: whole as written, or its complete members; a member cut inside its value is dropped, never
+        # repaired into a whole-looking one ({"name": "vtq vt -> "vtq vt" passed as the name)
+        value, error = _strict(text)
+        for cut in _member_ends(text)[:20] if error is not None else ():
             value, error = extract_json(text[:cut])
             if error is None:
                 break
