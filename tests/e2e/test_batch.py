@@ -213,3 +213,20 @@ def test_batch_through_the_jobs_api_reattaches_after_a_kill(docs, complete, tmp_
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_a_rerun_keeps_counting_the_error_pages_of_documents_done_before(tmp_path):
+    # A document done with an error page (one too large to render) is skipped by a rerun: its summary kept the
+    # document's pages but counted its failed pages as 0 (a helper round), so a rerun's summary read clean.
+    from pdfs import pages_pdf
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "mixed.pdf").write_bytes(pages_pdf([b"[0 0 595 842]", b"[0 0 14400 14400]", b"[0 0 595 842]"]))
+    out = tmp_path / "out"
+    for run in (1, 2):
+        done = _run(str(folder), "--output", str(out), "--task", "text")
+        assert done.returncode == 0, done.stderr
+        s = summary(out)
+        assert s["pages"]["total"] == 3 and s["pages"]["failed"] == 1, (run, s)
+        assert s["items"][0]["failed_pages"] == 1 and s["documents"]["resumed"] == (run == 2), (run, s)

@@ -226,7 +226,7 @@ class Batch:
             item = attempt.item
             item.status, item.pages, item.note = "done", len(pages), body.get("note")
             item.failed_pages = sum(1 for p in pages if p.get("finish_reason") == "error")
-            attempt.record(state, "done", pages=len(pages))
+            attempt.record(state, "done", pages=len(pages), failed_pages=item.failed_pages)
             forget(self.output.state_dir, name)  # a body kept by an earlier run: written now
             self._advance()
         discard(parts_path(self.output.state_dir, name))  # its pages are in the output, or in the kept body
@@ -235,6 +235,7 @@ class Batch:
         record = decision.record
         if decision.action == "skip" and record is not None:
             item.status, item.pages, item.resumed = "done", record.pages or 0, True
+            item.failed_pages = record.failed_pages or 0
         elif record is not None:
             item.status, item.error = "failed", record.error
 

@@ -37,6 +37,7 @@ class Record:
     output: str  # the output's name in DIR (or below the output prefix)
     job_id: str | None = None
     pages: int | None = None  # done: pages in the result
+    failed_pages: int | None = None  # done: those of them that are error pages (a rerun's summary counts them)
     error: str | None = None  # failed: why
     at: float = 0.0  # when (Unix time)
 
