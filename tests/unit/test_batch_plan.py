@@ -38,6 +38,21 @@ def test_folder_is_read_recursively_images_and_pdfs_only(tree):
     assert all(d.path.is_absolute() and d.path.is_file() for d in docs)
 
 
+def test_names_that_cannot_be_read_as_files_are_said_not_dropped_in_silence(tree, capsys):
+    # a dangling link and a FIFO named like documents were missing from the total, stderr and the summary alike
+    (tree / "gone.png").symlink_to(tree / "nowhere.png")
+    os.mkfifo(tree / "a" / "pipe.pdf")
+    os.mkfifo(tree / "a" / "pipe")  # no document name: skipped like any other file that is not one
+    assert rels(expand([tree])) == ["one.png", "a/scan", "a/two.PDF", "a/deep/three.jpg"]
+    said = capsys.readouterr().err
+    assert "gone.png: a link to a missing file" in said and "pipe.pdf: not a regular file" in said
+    assert "a/pipe:" not in said
+    for given, why in ((tree / "gone.png", "a link to a missing file"),
+                       (tree / "a" / "pipe.pdf", "not a regular file")):
+        with pytest.raises(PlanError, match=why):
+            expand([given])
+
+
 def test_files_globs_and_duplicates(tree, monkeypatch):
     monkeypatch.chdir(tree.parent)
     docs = expand(["docs/one.png", "docs/**/*.jpg", "docs/a/*", str(tree / "one.png")])

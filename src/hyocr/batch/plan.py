@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -148,18 +149,32 @@ def _expand_one(given: str, overrides: Mapping[str, Any], sources: Sources) -> I
                 yield from _folder(match, overrides, root)
             elif match.is_file():
                 yield Document(match.resolve(), _rel(match, root), overrides)
+    elif os.path.lexists(path):
+        raise PlanError(f"{shown(given)}: {_not_a_file(path)}")
     else:
         raise PlanError(f"{shown(given)}: no such file or folder")
 
 
+def _not_a_file(path: Path) -> str:
+    """Why a name that exists is not read: a link to nothing, or not a regular file (a FIFO, a socket)."""
+    return "a link to a missing file" if path.is_symlink() and not path.exists() else "not a regular file"
+
+
 def _folder(folder: Path, overrides: Mapping[str, Any], root: Path | None = None) -> Iterable[Document]:
+    """The documents below ``folder``. Names that look like documents but cannot be read as files (a dangling
+    link, a FIFO) are said on stderr, not dropped in silence; other files that are not documents are skipped."""
     root = root or folder
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             path = Path(dirpath) / name
-            if not name.startswith(".") and path.is_file() and is_document(path):
-                yield Document(path.resolve(), _rel(path, root), overrides)
+            if name.startswith("."):
+                continue
+            if path.is_file():
+                if is_document(path):
+                    yield Document(path.resolve(), _rel(path, root), overrides)
+            elif Path(name).suffix.lower() in DOCUMENT_EXTENSIONS:  # a FIFO's first bytes are not read
+                print(f"hyocr batch: skipped {shown(os.fsdecode(path))}: {_not_a_file(path)}", file=sys.stderr)
 
 
 def _objects(uri: str, overrides: Mapping[str, Any], sources: Sources) -> Iterable[Document]:
