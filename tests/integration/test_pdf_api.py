@@ -156,6 +156,8 @@ HOSTILE = {
     **{f"cyclic-{kind}": (pdfs.cyclic_pdf(kind), {}, 400, "invalid_pdf") for kind in pdfs.CYCLIC},
     "5000-pages": (pdfs.many_pages_pdf(5000), {}, 400, "too_many_pages"),
     "page-out-of-range": (DOC, {"pages": "3-9"}, 400, "invalid_pages"),
+    # neither an image nor a PDF, with pages: was "pages selects pages of a PDF; this request has images"
+    "html-with-pages": (b"<!DOCTYPE html><html><body>a saved web page</body></html>", {"pages": "1"}, 400, "invalid_image"),
     "mediabox-14400": (pdfs.one_page(b"[0 0 14400 14400]"), {}, 413, "pdf_page_too_large"),
     "mediabox-1e9": (pdfs.one_page(b"[0 0 1000000000 1000000000]"), {}, 413, "pdf_page_too_large"),
 }
@@ -170,6 +172,7 @@ def test_hostile_pdfs_get_a_4xx_fast_and_the_server_keeps_serving(rapid_server, 
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["code"] == code and "Traceback" not in error["message"]
+    assert name != "html-with-pages" or "not a recognised image or PDF" in error["message"], error
     assert not re.search(r"\b0x[0-9a-f]{6,}", error["message"])  # no memory addresses
     _still_serving(rapid_server)
 

@@ -111,9 +111,9 @@ class PageLoader:
                 if len(frames) > 1:
                     return await self._tiff_pages(raw, frames, how.pages, item.param)
                 media = (MediaInput(raw, item.param),)
+            probes = await asyncio.to_thread(self._probe_all, media, how.accept_pdf)  # what is not an image says so
             if how.pages is not None:
                 raise InvalidRequest("pages selects pages of a PDF; this request has images", param="pages")
-            probes = await asyncio.to_thread(self._probe_all, media, how.accept_pdf)
             return await self._decode_all(probes)
 
     async def _tiff_pages(self, raw: bytes, frames: tuple[int, ...], pages: str | None, param: str
