@@ -158,6 +158,27 @@ def test_a_stream_abandoned_by_its_client_is_a_499_like_a_plain_request(fake_ser
     _wait_for(lambda: not engine.active)  # and the work of all three was aborted
 
 
+def test_a_streams_error_event_can_be_found_in_the_access_log(fake_server_factory, caplog):
+    # The event quotes the engine's request id; the access line had only the X-Request-ID and a plain 200
+    server = fake_server_factory()
+    with caplog.at_level("INFO", logger="hyocr.access"):
+        for path, body in (("/v1/chat/completions", {"stream": True, "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": IMAGE}}, {"type": "text", "text": "[[fake:fail_mid]]"}]}]}),
+                           ("/v1/ocr", {"image": IMAGE, "task": "vqa", "stream": True,
+                                        "question": "[[fake:fail_mid]]"})):
+            r = requests.post(server.url + path, json=body, headers={"X-Request-ID": f"trace-{len(path)}"},
+                              timeout=30)
+            events = [event for event in (json.loads(line[6:]) for line in r.text.splitlines()
+                                          if line.startswith("data: {")) if isinstance(event.get("error"), dict)]
+            assert events, r.text
+            quoted = events[0]["error"]["message"]
+            _wait_for(lambda: any(rec.name == "hyocr.access" and rec.fields.get("request_id") == f"trace-{len(path)}"
+                                  for rec in caplog.records))
+            line = next(rec.fields for rec in caplog.records
+                        if rec.name == "hyocr.access" and rec.fields.get("request_id") == f"trace-{len(path)}")
+            assert line["engine_request"] in quoted and line["stream_error"], (line, quoted)
+
+
 def test_a_stream_read_to_the_end_is_a_200(fake_server_factory):
     server = fake_server_factory()
     r = _chat(server.url, "提取图中的文字。", stream=True)

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from ..errors import HyocrError
+from ..observability.logs import record
 from ..types import EngineChunk, FinishReason, OcrResult, PageResult, Task
 from .errors import hyocr_error_body
 from .protocol import Block, OcrResponse, Page, ResultModel, UsageInfo
@@ -117,6 +118,7 @@ async def sse_stream(
                     yield sse(usage)
     except HyocrError as exc:
         _, body = hyocr_error_body(exc, request_id)
+        record(stream_error=exc.code or type(exc).__name__)  # the access line says 200: the status line had gone
         yield sse(body)
     finally:
         # Deterministic clean-up when the client goes away: closing the chunk stream aborts the

@@ -263,11 +263,12 @@ class OcrService:
         times: dict[str, float] = {}
         pages = await self.inputs.load(call.media, how, times)
         decode_ms = (time.perf_counter() - started) * 1000 - times.get("fetch_ms", 0.0)  # fetch: its own stage
-        record(images=len(pages), image_bytes=sum(p.source_bytes for p in pages),
+        request_id = request_id or f"ocr-{uuid.uuid4().hex}"
+        record(images=len(pages), image_bytes=sum(p.source_bytes for p in pages), engine_request=request_id,
                image_pixels=sum(p.width * p.height for p in pages if p.error is None), task=task.value,
                decode_ms=round(decode_ms, 2))
         return Prepared(
-            request_id=request_id or f"ocr-{uuid.uuid4().hex}",
+            request_id=request_id,  # the engine's; the access log line pairs it with the X-Request-ID
             task=task,
             requested_task=requested,
             prompt=prompt,

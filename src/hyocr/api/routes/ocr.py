@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ...errors import HyocrError, InvalidRequest, UnsupportedMediaType
+from ...observability.logs import record
 from ...pipeline.service import result_of
 from ...types import MediaInput, PageRead, Prepared, ReadDone, ReadEvent
 from ..bodies import ocr_body, page_body, sse
@@ -137,6 +138,7 @@ async def _events(prep: Prepared, events: AsyncIterator[ReadEvent]) -> AsyncIter
                 yield sse({"id": prep.request_id, "object": "ocr.page", "page": page_body(event.page),
                            "completed": event.completed, "total": event.total})
     except HyocrError as exc:
+        record(stream_error=exc.code or type(exc).__name__)  # the access line says 200: the status line had gone
         yield sse(hyocr_error_body(exc, prep.request_id)[1])
     finally:
         await events.aclose()  # a client gone: the pages still running are cancelled now
