@@ -51,6 +51,18 @@ def test_api_keys_guard_every_route_but_health(fake_server_factory):
         assert r.status_code == 401 and r.json()["error"]["code"] == "conflicting_credentials", r.text
 
 
+def test_a_non_ascii_api_key_sent_as_its_utf8_bytes_is_accepted(fake_server_factory):
+    # headers arrive as latin-1: the key's UTF-8 bytes hashed as UTF-8 of that text never matched
+    import httpx
+
+    server = fake_server_factory(api_keys="clé-ünïcode-κλειδί,plain")
+    for name, prefix in ((b"x-api-key", b""), (b"authorization", b"Bearer ")):
+        ok = httpx.get(f"{server.url}/v1/models", headers=[(name, prefix + "clé-ünïcode-κλειδί".encode())], timeout=10)
+        assert ok.status_code == 200, ok.text
+        wrong = httpx.get(f"{server.url}/v1/models", headers=[(name, prefix + "clé-ünïcode".encode())], timeout=10)
+        assert wrong.status_code == 401
+
+
 def test_jwt_tokens_are_verified(fake_server_factory):
     server = fake_server_factory(jwt_secret=SECRET, jwt_audience="hyocr", jwt_issuer="https://idp.test")
     good = _token(aud="hyocr", iss="https://idp.test")

@@ -196,11 +196,17 @@ class Authenticator:
         return any(address in net or (mapped is not None and mapped in net) for net in networks)
 
     def check_key(self, presented: str, digests: tuple[bytes, ...] | None = None) -> bool:
-        digest = hashlib.sha256(presented.encode()).digest()
+        # Keys are configured as UTF-8; a header's bytes arrive decoded as latin-1 (HTTP's), so a non-ASCII key
+        # sent as its UTF-8 bytes is recovered by encoding them back (HTTP Basic is decoded as UTF-8 already).
+        forms = {presented.encode("utf-8", "surrogatepass")}
+        if not presented.isascii() and all(ord(c) < 256 for c in presented):
+            forms.add(presented.encode("latin-1"))
         # Compare against every key, so the time taken says nothing about which one (or whether) matched.
         matched = False
-        for expected in self.policy.api_key_digests if digests is None else digests:
-            matched |= hmac.compare_digest(digest, expected)
+        for form in forms:
+            digest = hashlib.sha256(form).digest()
+            for expected in self.policy.api_key_digests if digests is None else digests:
+                matched |= hmac.compare_digest(digest, expected)
         return matched
 
     def scraper(self, scope: Scope) -> str:
