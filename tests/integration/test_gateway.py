@@ -103,6 +103,11 @@ def test_forwarded_for_is_believed_only_from_trusted_proxies(fake_server_factory
     # An IPv4 client as a dual-stack proxy writes it (::ffff:a.b.c.d) is that IPv4 address.
     assert _ocr(behind_proxy, {"X-Forwarded-For": "::ffff:10.1.2.3"}).status_code == 200
     assert _ocr(behind_proxy, {"X-Forwarded-For": "::ffff:192.168.1.1"}).status_code == 403
+    # ... and one owner with it: a job submitted from one spelling is read from the other (were two owners)
+    job = requests.post(f"{behind_proxy.url}/v1/jobs", json={"image": IMAGE, "task": "text"}, timeout=30,
+                        headers={"X-Forwarded-For": "::ffff:10.1.2.3"}).json()
+    seen = requests.get(f"{behind_proxy.url}/v1/jobs/{job['id']}", headers=spoofed, timeout=10)
+    assert seen.status_code == 200 and seen.json()["id"] == job["id"], seen.text
 
 
 def _ocr_forwarded(server, *lines: str) -> int:

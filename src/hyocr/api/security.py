@@ -174,15 +174,16 @@ class Authenticator:
 
     def client_ip(self, scope: Scope) -> str:
         """The peer address, or the first untrusted hop of X-Forwarded-For when the peer is a
-        trusted proxy (a client can write anything into that header; only proxies we run can't)."""
-        peer = (scope.get("client") or ("0.0.0.0", 0))[0]
+        trusted proxy (a client can write anything into that header; only proxies we run can't). One
+        spelling per address: it names an owner (an allowlist alone) and a rate-limit bucket."""
+        peer = _canonical((scope.get("client") or ("0.0.0.0", 0))[0])
         if not self.policy.trusted_proxies or not self._in(peer, self.policy.trusted_proxies):
             return peer
         # Several X-Forwarded-For lines are one list, in order (RFC 9110 5.3): a proxy may add its own line.
         forwarded = ",".join(v.decode("latin-1") for k, v in scope["headers"] if k == b"x-forwarded-for")
         for hop in reversed([h.strip() for h in forwarded.split(",") if h.strip()]):
             if not self._in(hop, self.policy.trusted_proxies):
-                return hop
+                return _canonical(hop)
         return peer
 
     @staticmethod
@@ -269,6 +270,17 @@ class Authenticator:
             if subject:
                 return subject
         raise AuthError(401, "invalid API key or token", "invalid_api_key")
+
+
+def _canonical(ip: str) -> str:
+    """An address in one spelling: ``::ffff:10.1.1.1`` (a dual-stack socket's IPv4 peer) is ``10.1.1.1``, IPv6
+    compressed and lowercase; text that is no address (a junk forwarded hop) is kept as it is."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
 
 
 def _one_credential(scope: Scope, name: bytes) -> str:
