@@ -97,6 +97,7 @@ class SamplingParams:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None  # keep tokens at least this fraction of the likeliest one's probability
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None

@@ -218,3 +218,119 @@ async def test_repetition_penalty_and_min_tokens_match_generate_in_a_shared_batc
     assert want[0] != _hf_generate(engine, _request(3, 48))  # the penalty changes this row's text
     got = await asyncio.gather(*(_read(engine, r) for r in (penalised, *plain)))
     assert [text for text, _ in got] == want
+
+
+# ------------------------------------------------------------------ sampling parameters (hostile client round)
+
+
+async def test_a_vanishing_temperature_is_greedy_and_fails_no_one_sharing_its_batch(engine):
+    """temperature=1e-300 overflowed logits / temperature to inf, the softmax to NaN, torch.multinomial raised
+    and the step failed every row of the batch: now it is greedy (below vLLM's 1e-5), and a repetition penalty
+    of 1e-300 (0.0 in float32: inf logits) falls back to the likeliest token instead of raising."""
+    tiny, vanishing = _request(0, 20, temperature=1e-300), _request(1, 20, temperature=1.0, repetition_penalty=1e-300)
+    others = [_request(2, 20, temperature=0.8, seed=7), _request(3, 20)]
+    greedy = [await _read(engine, _request(0, 20))] + [await _read(engine, r) for r in others]
+    got = await asyncio.gather(*(_read(engine, r) for r in (tiny, vanishing, *others)), return_exceptions=True)
+    assert not [e for e in got if isinstance(e, BaseException)]
+    assert [text for text, _ in got[:1] + got[2:]] == [text for text, _ in greedy]
+    assert all(last.finish_reason is FinishReason.LENGTH and last.completion_tokens == 20 for _, last in got)
+
+
+async def test_a_row_whose_sampling_fails_fails_alone(engine, monkeypatch):
+    from hyocr.engines.transformers import rows as rows_module
+
+    real_sample = rows_module._sample
+
+    def sample(logits, s, generator):
+        if s.seed == 13:
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0 (injected)")
+        return real_sample(logits, s, generator)
+
+    others = [_request(1, 24, temperature=0.8, seed=7), _request(2, 24)]
+    alone = [await _read(engine, r) for r in others]
+    monkeypatch.setattr(rows_module, "_sample", sample)
+    bad = _request(0, 24, temperature=0.8, seed=13)
+    got = await asyncio.gather(_read(engine, bad), *(_read(engine, r) for r in others), return_exceptions=True)
+    assert isinstance(got[0], HyocrError) and got[0].status == 500 and got[0].cause_type == "RuntimeError"
+    assert [text for text, _ in got[1:]] == [text for text, _ in alone]
+
+
+async def _chunks(engine, request: EngineRequest) -> list:
+    return [chunk async for chunk in engine.generate(request)]
+
+
+async def test_stop_strings_end_the_output_before_them_streamed_alone_and_in_a_batch(engine):
+    sampled = {"temperature": 1.0, "seed": 5}  # greedy, the tiny model repeats 4 characters
+    full, _ = await _read(engine, _request(3, 48, **sampled))
+    stop = full[20:23]
+    assert stop.strip() and full.find(stop) >= 8, full  # the tiny model's text has a stop string to find
+    want = full[: full.find(stop)]
+    never = "\x00never\x00"
+    for together in (0, 3):  # alone: text every token; four rows: text every fourth step
+        crowd = [_request(10 + i, 60) for i in range(together)]
+        results = await asyncio.gather(_chunks(engine, _request(3, 48, stop=(never, stop), **sampled)),
+                                       *(_read(engine, r) for r in crowd))
+        chunks = results[0]
+        sent = ""
+        for chunk in chunks:  # never a character past the stop string, in any chunk
+            sent += chunk.text
+            assert want.startswith(sent)
+        assert sent == want and chunks[-1].finish_reason is FinishReason.STOP
+        assert chunks[-1].completion_tokens < 48
+    text, last = await _read(engine, _request(3, 48, stop=(never,), **sampled))  # a stop string it never writes
+    assert text == full and last.finish_reason is FinishReason.LENGTH
+
+
+class _OpenAIPenalties:
+    """OpenAI's presence and frequency penalties as a generate() logits processor, over the output only."""
+
+    def __init__(self, prompt_length: int, presence: float, frequency: float) -> None:
+        self.prompt_length, self.presence, self.frequency = prompt_length, presence, frequency
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        out = input_ids[:, self.prompt_length :]
+        counts = torch.zeros_like(scores).scatter_add_(1, out, torch.ones_like(out, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0)
+
+
+def _hf_generate_penalised(engine, request: EngineRequest, presence: float, frequency: float) -> str:
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Processor(LogitsProcessor):
+        def __init__(self):
+            self.penalties = None
+
+        def __call__(self, input_ids, scores):
+            if self.penalties is None:  # the prompt is what generate() started with
+                self.penalties = _OpenAIPenalties(input_ids.shape[1], presence, frequency)
+            return self.penalties(input_ids, scores)
+
+    return _hf_generate(engine, request, logits_processor=LogitsProcessorList([Processor()]))
+
+
+async def test_presence_and_frequency_penalties_match_openais_definition_in_a_shared_batch(engine):
+    """logits[t] -= presence * (count[t] > 0) + frequency * count[t] over the generated tokens, for greedy rows
+    too (as vLLM), beside rows with HF's repetition penalty and rows without any."""
+    presence, frequency = _request(3, 40, presence_penalty=2.0), _request(4, 40, frequency_penalty=1.5)
+    both = _request(5, 40, presence_penalty=0.5, frequency_penalty=-0.5)
+    repetition, plain = _request(6, 40, repetition_penalty=PENALTY), _request(7, 24)
+    want = [_hf_generate_penalised(engine, presence, 2.0, 0.0), _hf_generate_penalised(engine, frequency, 0.0, 1.5),
+            _hf_generate_penalised(engine, both, 0.5, -0.5), _hf_generate(engine, repetition, repetition_penalty=PENALTY),
+            _hf_generate(engine, plain)]
+    assert want[0] != _hf_generate(engine, _request(3, 40))  # the penalty changes this row's text
+    assert want[1] != _hf_generate(engine, _request(4, 40))
+    got = await asyncio.gather(*(_read(engine, r) for r in (presence, frequency, both, repetition, plain)))
+    assert [text for text, _ in got] == want
+
+
+async def test_min_p_keeps_only_the_tokens_near_the_likeliest(engine):
+    """min_p=1.0 keeps the likeliest token alone: sampling at temperature 1 reads as greedy (it does not
+    without min_p on random weights), in a batch with a row sampling without it."""
+    greedy, _ = await _read(engine, _request(4, 30))
+    sampled, _ = await _read(engine, _request(4, 30, temperature=1.0, seed=3))
+    assert sampled != greedy
+    got = await asyncio.gather(_read(engine, _request(4, 30, temperature=1.0, seed=3, min_p=1.0)),
+                               _read(engine, _request(4, 30, temperature=1.0, seed=3)))
+    assert [text for text, _ in got] == [greedy, sampled]

@@ -52,6 +52,10 @@ def test_what_the_reader_sets_is_not_part_of_the_stored_call_or_its_digest():
     from hyocr.pipeline.media import MediaLimits as Limits
 
     assert "document_range" not in codec.call_to_json(CALL)
+    # min_p came later: unset, a call's JSON (and the digest of a key submitted before the upgrade) is as it was
+    assert "min_p" not in codec.call_to_json(CALL)["sampling"]
+    with_min_p = replace(CALL, sampling=replace(CALL.sampling, min_p=0.1))
+    assert codec.call_from_json(codec.call_to_json(with_min_p)).sampling.min_p == 0.1
     ranged = replace(CALL, document_range=True)
     assert codec.request_digest(ranged, None, Limits()) == codec.request_digest(CALL, None, Limits())
 

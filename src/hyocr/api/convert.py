@@ -42,6 +42,7 @@ def sampling_from(req: SamplingFields, settings: Settings) -> SamplingParams:
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=req.top_k,
+        min_p=req.min_p,
         repetition_penalty=req.repetition_penalty,
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,

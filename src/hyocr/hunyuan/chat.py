@@ -42,7 +42,7 @@ def sampling_kwargs(sampling: SamplingParams) -> dict:
     OpenAI-compatible body share these names), with the authors' defaults applied."""
     s = sampling_defaults(sampling)
     kwargs: dict = {"max_tokens": s.max_tokens, "temperature": s.temperature}
-    for key in ("top_p", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
+    for key in ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
                 "min_tokens"):
         if getattr(s, key) is not None:
             kwargs[key] = getattr(s, key)

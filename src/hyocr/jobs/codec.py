@@ -24,12 +24,20 @@ from ..types import (
 _CALL_FIELDS = tuple(f.name for f in fields(OcrCall) if f.name not in ("media", "document_range"))
 
 
+# Sampling options added after jobs were first stored: left out of a call's JSON while unset (a digest of an
+# Idempotency-Key submitted before the upgrade still matches the same request after it).
+_LATER_SAMPLING = ("min_p",)
+
+
 def call_to_json(call: OcrCall) -> dict[str, Any]:
     out = {name: getattr(call, name) for name in _CALL_FIELDS}
     out["task"] = call.task.value
     out["fields"] = list(call.fields)
     out["sampling"] = asdict(call.sampling)
     out["sampling"]["stop"] = list(call.sampling.stop)
+    for late in _LATER_SAMPLING:  # unset, as every call stored before it was: those calls keep their digest
+        if out["sampling"][late] is None:
+            del out["sampling"][late]
     if call.sampling.structured is not None:  # asdict made it a dict; its choice tuple a list
         out["sampling"]["structured"]["choice"] = list(call.sampling.structured.choice)
     return out

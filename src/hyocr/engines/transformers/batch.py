@@ -10,8 +10,9 @@ it HunyuanOCR needs, on the model's ordinary forward and ``DynamicCache``:
 - a decode step runs every row one token forward with its own rotary position and padding mask;
 - a finished row is dropped from the cache (``index_select``), and padding that no row needs any more is
   cut from the left, so the cache stays as long as its longest row;
-- what choosing the next tokens needs per row lives on the device beside the cache (the EOS ids, and for a
-  repetition penalty the tokens each row has seen), so a step costs the same few device calls at any size;
+- what choosing the next tokens needs per row lives on the device beside the cache (the EOS ids, and for
+  penalties the tokens each row has seen and how often: ``Penalties``), so a step costs the same few device
+  calls at any size;
 - every forward runs with SDPA's cuDNN backend excluded (``attention_kernels``): torch picks it on Hopper,
   and it builds a cuDNN graph for every new key length, i.e. at every decode step: 2.1 ms of CPU per layer
   call, 51 of a step's 61 ms at 32 rows on an H200 (benchmarks/NOTES.md, change 17).
@@ -19,7 +20,7 @@ it HunyuanOCR needs, on the model's ordinary forward and ``DynamicCache``:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from .prompts import Prompt
 
@@ -36,6 +37,54 @@ def attention_kernels(device: Any, cudnn: bool = False) -> Any:
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
+class Penalties(NamedTuple):
+    """Per-row penalty state on the device, kept only while some row has a penalty: HF's repetition penalty
+    over the tokens seen (prompt and output), OpenAI's presence and frequency penalties over the output's
+    token counts. A row without one has 1.0, 0.0 and 0.0, which leave its logits exactly as they are."""
+
+    seen: Any  # [rows, vocab] bool
+    counts: Any  # [rows, vocab] float: output tokens only
+    repetition: Any  # [rows, 1]
+    presence: Any  # [rows, 1]
+    frequency: Any  # [rows, 1]
+
+    @classmethod
+    def of(cls, rows: list[Any], vocab: int, device: Any, prompts: list[Prompt] | None = None) -> Penalties:
+        import torch
+
+        seen = torch.zeros(len(rows), vocab, dtype=torch.bool, device=device)
+        for i, row in enumerate(rows):
+            if row.penalty is not None and prompts is not None:
+                seen[i, prompts[i].ids.to(device)] = True
+
+        def column(values: list[float]) -> Any:
+            return torch.tensor([[v] for v in values], dtype=torch.float32, device=device)
+
+        return cls(seen, torch.zeros(len(rows), vocab, device=device), column([r.penalty or 1.0 for r in rows]),
+                   column([r.presence for r in rows]), column([r.frequency for r in rows]))
+
+    def select(self, index: Any) -> Penalties:
+        return Penalties(*(t.index_select(0, index) for t in self))
+
+    def tail(self, start: int) -> Penalties:
+        return Penalties(*(t[start:] for t in self))
+
+    def cat(self, other: Penalties) -> Penalties:
+        import torch
+
+        return Penalties(*(torch.cat([a, b]) for a, b in zip(self, other, strict=True)))
+
+    def apply(self, logits: Any) -> Any:
+        import torch
+
+        r = self.repetition  # HF's RepetitionPenaltyLogitsProcessor, then vLLM's (= OpenAI's) other two
+        logits = torch.where(self.seen, torch.where(logits < 0, logits * r, logits / r), logits)
+        logits = logits - self.frequency * self.counts - self.presence * (self.counts > 0)
+        # A penalty near 0 (1e-300 is 0.0 in float32) makes inf and, for 0 / 0 or a masked -inf * 0, NaN, which
+        # argmax would pick: NaN is never chosen, inf stays the likeliest
+        return logits.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+
+
 class RunningBatch:
     def __init__(self, model: Any, device: Any) -> None:
         self.model = model
@@ -45,9 +94,7 @@ class RunningBatch:
         self.mask: Any = None  # [rows, length] 1 where a cached token is real, 0 where it is padding
         self.positions: Any = None  # [rows] the rotary position of each row's next token
         self.last: Any = None  # [rows] each row's latest token (the next step's input)
-        # Only while some row has a repetition penalty: [rows, vocab] tokens seen, [rows, 1] its penalty (1.0: none)
-        self.seen: Any = None
-        self.penalty: Any = None
+        self.penalties: Penalties | None = None  # only while some row has a penalty
         self.eos: Any = None  # the EOS ids on the device (set by the engine)
         self.vocab = 0
         self.cudnn_attention = False  # benchmarks: let SDPA pick cuDNN again (the measured alternative)
@@ -64,9 +111,7 @@ class RunningBatch:
 
     def choice_inputs(self, start: int = 0) -> dict[str, Any]:
         """choose_tokens' device tensors for rows ``start``.."""
-        seen = None if self.seen is None else self.seen[start:]
-        penalty = None if self.penalty is None else self.penalty[start:]
-        return {"eos": self.eos, "seen": seen, "penalty": penalty}
+        return {"eos": self.eos, "penalties": None if self.penalties is None else self.penalties.tail(start)}
 
     def prefill(self, rows: list[Any], prompts: list[Prompt]) -> Any:
         """Prefill ``prompts`` into a cache of their own and append them to the batch. Returns their
@@ -99,7 +144,8 @@ class RunningBatch:
         nxt = torch.tensor([p.next_position for p in prompts], device=self.device)
         logits = out.logits[:, -1]
         self.vocab = logits.shape[-1]
-        self._append(rows, out.past_key_values, mask, nxt, self._seen_prompts(rows, prompts, logits.shape[-1]))
+        penalties = Penalties.of(rows, self.vocab, self.device, prompts) if any(r.penalised for r in rows) else None
+        self._append(rows, out.past_key_values, mask, nxt, penalties)
         return logits
 
     def step(self) -> Any:
@@ -122,8 +168,10 @@ class RunningBatch:
 
         chosen = torch.tensor(tokens, dtype=torch.long, device=self.device)
         self.last = chosen if start == 0 or self.last is None else torch.cat([self.last[:start], chosen])
-        if self.seen is not None:
-            self.seen[torch.arange(start, start + len(tokens), device=self.device), chosen] = True
+        if self.penalties is not None:
+            index = torch.arange(start, start + len(tokens), device=self.device)
+            self.penalties.seen[index, chosen] = True
+            self.penalties.counts[index, chosen] += 1
 
     def keep(self, indices: list[int]) -> None:
         """Keep only these rows (in this order); cut the padding no remaining row needs."""
@@ -139,8 +187,8 @@ class RunningBatch:
         self.mask = self.mask.index_select(0, index)
         self.positions = self.positions.index_select(0, index)
         self.last = self.last.index_select(0, index)
-        if self.seen is not None:
-            self.seen, self.penalty = self.seen.index_select(0, index), self.penalty.index_select(0, index)
+        if self.penalties is not None:
+            self.penalties = self.penalties.select(index)
         lead = int(self.mask.any(dim=0).long().argmax())  # first column some row still uses
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(0, index)[:, :, lead:]
@@ -149,44 +197,22 @@ class RunningBatch:
 
     def clear(self) -> None:
         self.rows, self.cache, self.mask, self.positions, self.last = [], None, None, None, None
-        self.seen = self.penalty = None
+        self.penalties = None
 
-    def _seen_prompts(self, rows: list[Any], prompts: list[Prompt], vocab: int) -> Any:
-        """(seen, penalty) of the newcomers, or None when none has a repetition penalty. HF's penalty
-        covers the prompt's tokens as well as the output's."""
-        if all(row.penalty is None for row in rows):
-            return None
-        import torch
-
-        seen = torch.zeros(len(rows), vocab, dtype=torch.bool, device=self.device)
-        for i, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
-            if row.penalty is not None:
-                seen[i, prompt.ids.to(self.device)] = True
-        penalty = torch.tensor([[row.penalty or 1.0] for row in rows], device=self.device)
-        return seen, penalty
-
-    def _append_choices(self, old_rows: int, choices: Any, new_rows: int, vocab: int) -> None:
-        """Stack the newcomers' (seen, penalty) under the running rows', zeros and 1.0 for whoever has none."""
-        import torch
-
-        if choices is None and self.seen is None:
+    def _append_penalties(self, penalties: Penalties | None, rows: list[Any]) -> None:
+        """Stack the newcomers' penalties under the running rows', neutral ones for whoever has none."""
+        if penalties is None and self.penalties is None:
             return
-        seen, penalty = choices if choices is not None else (
-            torch.zeros(new_rows, vocab, dtype=torch.bool, device=self.device),
-            torch.ones(new_rows, 1, device=self.device),
-        )
-        if self.seen is None:
-            self.seen = torch.zeros(old_rows, vocab, dtype=torch.bool, device=self.device)
-            self.penalty = torch.ones(old_rows, 1, device=self.device)
-        self.seen, self.penalty = torch.cat([self.seen, seen]), torch.cat([self.penalty, penalty])
+        mine = self.penalties if self.penalties is not None else Penalties.of(self.rows, self.vocab, self.device)
+        self.penalties = mine.cat(penalties if penalties is not None else Penalties.of(rows, self.vocab, self.device))
 
-    def _append(self, rows: list[Any], cache: Any, mask: Any, positions: Any, choices: Any) -> None:
+    def _append(self, rows: list[Any], cache: Any, mask: Any, positions: Any, penalties: Penalties | None) -> None:
         import torch
         import torch.nn.functional as F  # noqa: N812
 
         if self.cache is None:
             self.rows, self.cache, self.mask, self.positions = list(rows), cache, mask, positions
-            self.seen, self.penalty = choices if choices is not None else (None, None)
+            self.penalties = penalties
             return
         old, new = self.mask.shape[1], mask.shape[1]
         length = max(old, new)
@@ -198,5 +224,5 @@ class RunningBatch:
             )
         self.mask = torch.cat([F.pad(self.mask, (length - old, 0)), F.pad(mask, (length - new, 0))])
         self.positions = torch.cat([self.positions, positions])
-        self._append_choices(len(self.rows), choices, len(rows), self.vocab)
+        self._append_penalties(penalties, rows)
         self.rows += rows

@@ -5,7 +5,8 @@ baseline. Prompts are encoded (template, image processor, rotary positions) on a
 requests arrive; one model thread owns the model and the running batch (batch.py). Between two decode
 steps it admits what is waiting (online requests before background ones, up to ``max_batch_size`` rows and
 ``max_prefill_tokens`` prompt tokens a join), decodes one token for every row, streams text, and drops rows
-that finished (end of sequence, their own max_tokens, the context) or whose caller went away.
+that finished (end of sequence, a stop string, their own max_tokens, the context), whose own sampling failed
+(rows.choose_tokens: that request alone gets the error) or whose caller went away.
 """
 
 from __future__ import annotations

@@ -8,11 +8,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...errors import engine_failure
 from ...hunyuan.chat import sampling_defaults
 from ...types import EngineChunk, EngineRequest, FinishReason, SamplingParams
 from .prompts import Prompt
 
 DEFAULT_MAX_TOKENS = 4096
+# Below this a temperature is greedy (vLLM's _SAMPLING_EPS): dividing logits by 1e-300 overflows to inf
+SAMPLING_EPS = 1e-5
 
 
 @dataclass(eq=False)
@@ -76,8 +79,16 @@ class Row:
         self.min_tokens = self.max_tokens if s.ignore_eos else (s.min_tokens or 0)
         self.count = 0
         self.done = False
-        self.greedy = not s.temperature
+        self.greedy = not s.temperature or s.temperature < SAMPLING_EPS
         self.penalty = s.repetition_penalty if s.repetition_penalty and s.repetition_penalty != 1.0 else None
+        self.presence = s.presence_penalty or 0.0
+        self.frequency = s.frequency_penalty or 0.0
+        # OpenAI's stop: the output ends before the first stop string. The text is kept to find one that
+        # spans tokens, and its last ``hold`` characters are held back while they may begin one.
+        self.stops = [stop for stop in s.stop if stop]
+        self.hold = max((len(stop) for stop in self.stops), default=1) - 1
+        self.text = ""
+        self.sent = 0  # characters of ``text`` emitted
         self.matcher = job.matcher
         self.generator = None
         if not self.greedy and s.seed is not None:
@@ -87,8 +98,14 @@ class Row:
     def cancelled(self) -> bool:
         return self.job.cancelled.is_set()
 
+    @property
+    def penalised(self) -> bool:
+        return self.penalty is not None or bool(self.presence) or bool(self.frequency)
+
     def accept(self, token: int, stream: bool) -> bool:
         """Take the row's next token; True when the row is finished."""
+        if self.done:  # failed while its token was chosen
+            return True
         if token in self.eos_ids and self.count >= self.min_tokens:
             self.finish(FinishReason.STOP)
             return True
@@ -97,30 +114,49 @@ class Row:
             return True
         self.count += 1
         self.decoder.add(token)
+        # A row with stop strings looks at every token, so that it ends at its stop string, not steps later
+        if (stream or self.stops) and self.emit_text():
+            return True
         if self.count >= self.max_tokens:
             self.finish(FinishReason.LENGTH)
             return True
-        if stream:
-            self.emit_text()
         return False
 
-    def emit_text(self) -> None:
-        text = self.decoder.flush()
+    def emit_text(self, final: bool = False) -> bool:
+        """Send the text that can be shown now; True when it reached a stop string (the row is then finished)."""
+        text, stopped = self.decoder.flush(), False
+        if self.stops:
+            start = max(0, len(self.text) - self.hold)  # a stop string may begin in the held-back tail
+            self.text += text
+            cut = min((at for at in (self.text.find(stop, start) for stop in self.stops) if at >= 0), default=-1)
+            stopped = cut >= 0
+            end = cut if stopped else len(self.text) if final else max(self.sent, len(self.text) - self.hold)
+            text, self.sent = self.text[self.sent : end], end
         if text:
             self.job.emit(EngineChunk(text=text, prompt_tokens=self.prompt_tokens, completion_tokens=self.count))
+        if stopped:
+            self._end(FinishReason.STOP)
+        return stopped
 
     def finish(self, reason: FinishReason) -> None:
-        self.emit_text()
+        if not self.emit_text(final=True):
+            self._end(reason)
+
+    def fail(self, error: Exception) -> None:
+        self.done = True
+        self.job.emit(error)
+
+    def _end(self, reason: FinishReason) -> None:
         self.done = True
         self.job.emit(EngineChunk(finish_reason=reason, prompt_tokens=self.prompt_tokens, completion_tokens=self.count))
 
 
-def choose_tokens(logits: Any, rows: list[Row], eos: Any = None, seen: Any = None, penalty: Any = None) -> list[int]:
+def choose_tokens(logits: Any, rows: list[Row], eos: Any = None, penalties: Any = None) -> list[int]:
     """The next token of every row from its logits ([rows, vocab]), in a fixed number of device calls
     whatever the batch size (a per-row index copy to the GPU waits for the GPU, once per row per step):
-    EOS (``eos``, ids on the device) held back for rows below their min_tokens; HF's repetition penalty
-    where ``seen`` ([rows, vocab], prompt and output tokens) with ``penalty`` ([rows, 1], 1.0 for none);
-    greedy rows by argmax, the rest sampled with their own temperature, top-k, top-p and seed."""
+    EOS (``eos``, ids on the device) held back for rows below their min_tokens; the rows' penalties
+    (``penalties``, batch.Penalties); greedy rows by argmax, the rest sampled with their own temperature,
+    min-p, top-k, top-p and seed. A row whose sampling fails is failed alone (``Row.fail``), not the batch."""
     import torch
 
     logits = logits.float()
@@ -131,13 +167,19 @@ def choose_tokens(logits: Any, rows: list[Row], eos: Any = None, seen: Any = Non
         elif any(below):
             block = _on_device(torch.tensor(below), logits.device)
             logits[:, eos] = logits[:, eos].masked_fill(block[:, None], float("-inf"))
-    if seen is not None:  # HF's RepetitionPenaltyLogitsProcessor, every row at once
-        logits = torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+    if penalties is not None:
+        logits = penalties.apply(logits)
     _constrain(logits, rows)
     tokens = logits.argmax(dim=-1).tolist()
     for i, row in enumerate(rows):
-        if not row.greedy:
+        if row.greedy:
+            continue
+        try:
             tokens[i] = _sample(logits[i], row.job.sampling, row.generator)
+        except Exception as exc:  # the shared forward succeeded: only this row's own sampling went wrong
+            # (the parameters themselves are made safe above: a vanishing temperature is greedy, non-finite
+            # probabilities take the argmax), so this is the engine's failure, a 500, but this row's alone
+            row.fail(engine_failure(exc, f"sampling request {row.job.request.request_id}"))
     return tokens
 
 
@@ -167,6 +209,9 @@ def _sample(logits: Any, s: SamplingParams, generator: Any) -> int:
     import torch
 
     logits = logits / s.temperature
+    if s.min_p:  # vLLM's order: after the temperature, before top-k and top-p
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < s.min_p * probs.max(), float("-inf"))
     if s.top_k and 0 < s.top_k < logits.shape[-1]:
         kth = torch.topk(logits, s.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -175,4 +220,7 @@ def _sample(logits: Any, s: SamplingParams, generator: Any) -> int:
         cumulative = ordered.softmax(-1).cumsum(-1)
         drop = cumulative - ordered.softmax(-1) > s.top_p  # keep the smallest set reaching top_p
         logits = logits.scatter(0, order, ordered.masked_fill(drop, float("-inf")))
-    return int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
+    probs = logits.softmax(-1)
+    if not bool(torch.isfinite(probs).all()):  # inf logits (a huge penalty): the likeliest, as greedy would
+        return int(logits.argmax())
+    return int(torch.multinomial(probs, 1, generator=generator))
