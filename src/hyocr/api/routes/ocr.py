@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ...errors import HyocrError, InvalidRequest, UnsupportedMediaType
@@ -117,8 +117,8 @@ def _json_field(key: str, text: str) -> Any:
 async def ocr(request: Request):
     body, uploads = await read_body(request)
     events = service_of(request).read(ocr_call(body, settings_of(request), uploads=uploads))
-    if not body.stream:  # the body as ocr_body makes it, absent keys left out as in the stream's ocr.result
-        return JSONResponse(ocr_body(await unless_disconnected(request, result_of(events))))
+    if not body.stream:
+        return ocr_body(await unless_disconnected(request, result_of(events)))
     try:
         started = await unless_disconnected(request, anext(events))  # admitted and prepared: errors are HTTP's
     except BaseException:
