@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import tempfile
 import socket
 import time
 from collections.abc import Iterator
@@ -340,18 +339,3 @@ def test_upload_errors_are_the_apis_json_shape(ui):
     body = json.loads(response.text)
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
     assert response.headers["x-request-id"]
-
-
-def test_without_gradio_temp_dir_each_server_keeps_its_uploads_in_a_folder_of_its_own(ui, monkeypatch):
-    # Gradio's default, /tmp/gradio named by content, was shared by every server on the host: the same file
-    # uploaded to two servers had one path, and one server's shutdown deleted it under the other (a helper round)
-    make, _ = ui
-    monkeypatch.delenv("GRADIO_TEMP_DIR")
-    first, second = make(), make()
-    png = card().png()
-    paths = [upload(server, ("same.png", png)).json()[0] for server in (first, second)]
-    assert paths[0] != paths[1] and not any(p.startswith(str(Path(tempfile.gettempdir()) / "gradio")) for p in paths)
-    second.stop()
-    served = httpx.get(f"{first.url}/ui/gradio_api/file={paths[0]}", timeout=30)
-    assert served.status_code == 200 and served.content == png
-    assert "GRADIO_TEMP_DIR" not in os.environ  # the process's environment is left as it was

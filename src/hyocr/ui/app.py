@@ -9,12 +9,11 @@ and only when the UI is enabled.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 import weakref
 from collections.abc import Callable
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,14 +64,13 @@ def mount_ui(app: FastAPI, service: OcrService, settings: Settings) -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="hyocr-ui-"))
     try:
-        with _gradio_files_in(workdir / "gradio"):
-            blocks = build_ui(service, settings, workdir)
-            gr.mount_gradio_app(
-                app, blocks, path=PATH, auth_dependency=ui_auth(settings),
-                footer_links=[], run_history=False, show_error=False, mcp_server=False, ssr_mode=False,
-                pwa=False, max_file_size=max(settings.max_image_bytes, settings.max_pdf_bytes), css=CSS,
-                head=HEAD, theme=gr.themes.Soft(primary_hue="indigo"),
-            )
+        blocks = build_ui(service, settings, workdir)
+        gr.mount_gradio_app(
+            app, blocks, path=PATH, auth_dependency=ui_auth(settings),
+            footer_links=[], run_history=False, show_error=False, mcp_server=False, ssr_mode=False, pwa=False,
+            max_file_size=max(settings.max_image_bytes, settings.max_pdf_bytes), css=CSS, head=HEAD,
+            theme=gr.themes.Soft(primary_hue="indigo"),
+        )
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -83,22 +81,6 @@ def mount_ui(app: FastAPI, service: OcrService, settings: Settings) -> None:
     _clean_up_at_shutdown(app, blocks, workdir)
     app.add_api_route("/", lambda: RedirectResponse(PATH + "/"), include_in_schema=False)
     log.info("web UI at http://%s:%d%s", settings.host, settings.port, PATH)
-
-
-@contextmanager
-def _gradio_files_in(folder: Path):
-    """Gradio's uploads and cached files for this app in its own folder. Gradio reads GRADIO_TEMP_DIR when an
-    app and its components are built; its default, one /tmp/gradio named by content, was shared by every
-    server on the host: one server's shutdown deleted the same upload another still served."""
-    if os.environ.get("GRADIO_TEMP_DIR"):  # the operator chose one: theirs
-        yield
-        return
-    folder.mkdir(mode=0o700, exist_ok=True)
-    os.environ["GRADIO_TEMP_DIR"] = str(folder)
-    try:
-        yield
-    finally:
-        os.environ.pop("GRADIO_TEMP_DIR", None)
 
 
 def _clean_up_at_shutdown(app: FastAPI, blocks: gr.Blocks, workdir: Path) -> None:
