@@ -47,11 +47,11 @@ class RateLimiter:
 
     async def exceeded(self, caller: str) -> float | None:
         """Like ``hit`` without spending: None while the caller is under every limit."""
-        return await self._kept(self._check, caller, spend=False)
+        return await self._kept(caller, spend=False)
 
     async def hit(self, caller: str) -> float | None:
         """None when allowed; else seconds until the caller may try again."""
-        return await self._kept(self._check, caller, spend=True)
+        return await self._kept(caller, spend=True)
 
     async def _check(self, caller: str, spend: bool) -> float | None:
         for item in self.items:
@@ -61,12 +61,12 @@ class RateLimiter:
                 return max(1.0, stats.reset_time - time.time())
         return None
 
-    async def _kept(self, check, caller: str, spend: bool) -> float | None:
+    async def _kept(self, caller: str, spend: bool) -> float | None:
         """The limits fail open: a storage that cannot be reached (Redis down) lets requests through, logged at
         most once a minute, rather than failing every caller's request with a 500. A limit is a protection
         of the service, not a condition of serving it."""
         try:
-            return await check(caller, spend)
+            return await self._check(caller, spend)
         except Exception as exc:  # redis-py's connection and timeout errors, limits' storage errors
             now = time.monotonic()
             if now - self._warned > 60:
