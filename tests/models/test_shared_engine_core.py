@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import io
+import json
 import os
 import signal
 import subprocess
@@ -69,20 +70,25 @@ class _Server:
             return client.post(self.url + "/v1/ocr", json={"image": _image(), "task": "text", "max_tokens": max_tokens})
 
     def long(self, tokens: int) -> httpx.Response:
-        """Exactly ``tokens`` tokens (no EOS, no loop guard: random weights repeat themselves)."""
-        body = {"model": "hyocr", "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True,
-                "loop_guard": False, "temperature": 0,
-                "messages": [{"role": "user", "content": [
-                    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _image()}},
-                    {"type": "text", "text": "Read the text."}]}]}
         with httpx.Client(timeout=120) as client:
-            return client.post(self.url + "/v1/chat/completions", json=body)
+            return client.post(self.url + "/v1/chat/completions", json=_long_body(tokens))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        try:  # the group even when the parent has gone: an engine core or front end it left must not run on
             os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
         self.log.close()
+
+
+def _long_body(tokens: int, stream: bool = False) -> dict:
+    """Exactly ``tokens`` tokens (no EOS, no loop guard: random weights repeat themselves)."""
+    return {"model": "hyocr", "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True, "stream": stream,
+            "loop_guard": False, "temperature": 0,
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _image()}},
+                {"type": "text", "text": "Read the text."}]}]}
 
 
 @pytest.fixture
@@ -197,12 +203,24 @@ def test_a_dead_engine_core_stops_the_whole_server(server):
     cores = [p for p in _living(parent.children(recursive=True)) if "EngineCore" in _command(p)]
     assert len(cores) == 1, "one engine core expected"
     frontends = [p for p in _living(parent.children()) if p not in cores]
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        in_flight = pool.submit(server.long, 4000)
-        time.sleep(1.5)
-        cores[0].kill()
+    # Killed while generating, whatever the machine's speed: a streamed request has had its first event and
+    # both requests are admitted (the gauge is exact across processes), with thousands of tokens still to go.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, httpx.Client(timeout=120) as client:
+        in_flight = pool.submit(server.long, 7000)
+        with client.stream("POST", server.url + "/v1/chat/completions", json=_long_body(7000, stream=True)) as reply:
+            assert reply.status_code == 200
+            events = (line for line in reply.iter_lines() if line.startswith("data: "))
+            assert "choices" in json.loads(next(events)[6:])
+            deadline = time.monotonic() + 60
+            while _metric(server.url, "hyocr_requests_in_flight") < 2:
+                assert time.monotonic() < deadline, "the non-streamed request was not admitted"
+                time.sleep(0.1)
+            cores[0].kill()
+            rest = list(events)
         r = in_flight.result()
     assert r.status_code >= 500 and "error" in r.json()  # a JSON error, not a hang or a reset
+    # The stream, already 200, ends with an error event and [DONE] (not a hang, not a cut connection).
+    assert rest[-1] == "data: [DONE]" and "error" in json.loads(rest[-2][6:]), rest[-3:]
     assert server.proc.wait(timeout=90) != 0  # for the orchestrator: restart me
     _, alive = psutil.wait_procs(frontends, timeout=30)
     assert not alive

@@ -125,6 +125,64 @@ def test_metrics_are_summed_over_processes(tmp_path):
     assert lines["hyocr_requests_in_flight"] == 12 and lines["hyocr_queue_length"] == 3
 
 
+_ADMITTING = textwrap.dedent("""
+    import asyncio, sys, time
+    from hyocr.observability.metrics import Metrics
+    from hyocr.pipeline.admission import Admission
+
+    class Service:
+        admission = Admission(max_concurrency=2, max_queue=4)
+
+    async def main():
+        metrics = Metrics(Service())  # never refreshed here: each change is written as it happens
+        tickets = [await Service.admission.acquire() for _ in range(int(sys.argv[1]))]
+        waiter = asyncio.ensure_future(Service.admission.acquire())  # no slot left: it waits
+        await asyncio.sleep(0)
+        print("admitted", flush=True)
+        sys.stdin.readline()  # the scrape happens now
+        tickets[0].release()  # the slot goes to the waiter: still two in flight, none waiting
+        (await waiter).release()
+        tickets[1].release()
+        print("released", flush=True)
+        sys.stdin.readline()
+
+    asyncio.run(main())
+""")
+
+
+def test_admission_gauges_summed_over_processes_are_exact_at_any_moment(tmp_path):
+    """Refreshed only once a second, a process's in-flight gauge still counted a request that had finished
+    (counted in the requests total too): each change is written when it happens instead."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    scrape = textwrap.dedent("""
+        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        print(generate_latest(registry).decode())
+    """)
+
+    def gauges() -> dict[str, float]:
+        body = subprocess.run([sys.executable, "-c", scrape], env=env, check=True, capture_output=True,
+                              text=True).stdout
+        return {line.split(" ")[0]: float(line.split(" ")[1]) for line in body.splitlines()
+                if line.startswith(("hyocr_requests_in_flight", "hyocr_queue_length"))}
+
+    proc = subprocess.Popen([sys.executable, "-c", _ADMITTING, "2"], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "admitted"
+        assert gauges() == {"hyocr_requests_in_flight": 2, "hyocr_queue_length": 1}
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "released"
+        assert gauges() == {"hyocr_requests_in_flight": 0, "hyocr_queue_length": 0}
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+
+
 def test_a_killed_start_attempt_leaves_no_zombie():
     import signal
     import time

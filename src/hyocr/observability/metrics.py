@@ -8,7 +8,8 @@ With several API processes (``API_PROCESSES``, server/processes.py) prometheus_c
 its multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by vLLM's launcher before the processes
 start): every process writes its values to files there and a scrape of any one of them reports the
 sums over all. Gauges computed at scrape time (``set_function``) cannot work across processes, so
-there each process sets them once a second (``refresh``) and the scrape sums the live ones.
+there each process sets them once a second (``refresh``) and the scrape sums the live ones; the admission
+gauges are written at each change as well, so that in flight plus finished is never a request counted twice.
 """
 
 from __future__ import annotations
@@ -80,8 +81,12 @@ class Metrics:
                               multiprocess_mode="livesum" if os.environ.get("HYOCR_OWN_CORES") else "max")
         self._sources: dict[Gauge, object] = {}
         if service is not None:
-            self.track(self.queue, lambda: service.admission.waiting)
-            self.track(self.in_flight, lambda: service.admission.in_flight)
+            admission = service.admission
+            self.track(self.queue, lambda: admission.waiting)
+            self.track(self.in_flight, lambda: admission.in_flight)
+            if self.shared:  # written as they change: a value a second old would count a finished request twice
+                admission.on_change = lambda: (self.queue.set(admission.waiting),
+                                               self.in_flight.set(admission.in_flight))
         engine = getattr(service, "engine", None)  # a service without one: the admission gauges only
         if engine is not None:
             for state, alive in (("up", True), ("down", False)):

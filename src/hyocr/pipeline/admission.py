@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 from ..errors import ServiceUnavailable
 from ..observability.logs import record
@@ -20,6 +21,9 @@ class Admission:
         self.max_wait = max_wait
         self.in_flight = 0
         self._waiters: deque[asyncio.Future] = deque()
+        # Called after every change of in_flight or waiting: with several API processes each one writes its
+        # share of the gauges then, so a scrape of any process sums exact values (observability/metrics.py).
+        self.on_change: Callable[[], None] | None = None
 
     @property
     def waiting(self) -> int:
@@ -28,6 +32,7 @@ class Admission:
     async def acquire(self) -> Ticket:
         if self.in_flight < self.max_concurrency and not self._waiters:
             self.in_flight += 1
+            self._changed()
             return Ticket(self)
         if len(self._waiters) >= self.max_queue:
             record(rejected="overloaded")
@@ -36,6 +41,7 @@ class Admission:
             )
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        self._changed()
         try:
             async with asyncio.timeout(self.max_wait):
                 await waiter  # resolved by release(), which hands over its slot
@@ -54,6 +60,7 @@ class Admission:
     def _give_up(self, waiter: asyncio.Future) -> None:
         if waiter in self._waiters:
             self._waiters.remove(waiter)
+            self._changed()
         elif waiter.done() and not waiter.cancelled():
             self._release_slot()  # the slot was handed over just as we gave up: pass it on
 
@@ -62,8 +69,14 @@ class Admission:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)  # the slot moves to the next waiter; in_flight unchanged
+                self._changed()
                 return
         self.in_flight -= 1
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
 
 class Ticket:
