@@ -207,3 +207,43 @@ def test_the_jobs_database_is_readable_by_the_servers_user_only(fake_server_fact
     assert data.stat().st_mode & 0o777 == 0o700
     files = [p for p in data.iterdir() if p.name.startswith("jobs.db")]
     assert files and all(p.stat().st_mode & 0o077 == 0 for p in files), [(p.name, oct(p.stat().st_mode)) for p in files]
+
+
+def test_callers_take_turns_in_the_admission_queue(fake_server_factory):
+    """One engine slot; Alice's burst fills most of the queue; Bob's one request, sent after all of Alice's,
+    is the next served, and Alice cannot take the queue's last places."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hyocr.engines.fake import FakeEngine, FakeScript
+
+    server = fake_server_factory(FakeEngine(FakeScript(latency=0.4)), ui=False, api_keys="alice-key,bob-key",
+                                 max_concurrency=1, max_queue=6, queue_timeout=60)
+    finished: list[str] = []
+
+    def ocr(who: str) -> requests.Response:
+        r = requests.post(f"{server.url}/v1/ocr", json={"image": _image(), "task": "text"}, timeout=60,
+                          headers={"Authorization": f"Bearer {who}-key"})
+        finished.append(who)
+        return r
+
+    def queue_length() -> float:
+        for line in requests.get(f"{server.url}/metrics", headers={"Authorization": "Bearer alice-key"},
+                                 timeout=10).text.splitlines():
+            if line.startswith("hyocr_queue_length "):
+                return float(line.split()[1])
+        return 0.0
+
+    with ThreadPoolExecutor(8) as pool:
+        alice = [pool.submit(ocr, "alice") for _ in range(6)]  # one in the engine, five waiting
+        deadline = time.monotonic() + 30
+        while queue_length() < 5:
+            assert time.monotonic() < deadline, "alice's requests were not queued"
+            time.sleep(0.02)
+        refused = ocr("alice")  # a caller holds at most three quarters of the queue's six places
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "overloaded", refused.text
+        finished.remove("alice")
+        bob = pool.submit(ocr, "bob")
+        assert bob.result().status_code == 200
+        assert all(f.result().status_code == 200 for f in alice)
+    # Bob's request waited for the slot in use and for Alice's next one, not for her whole burst.
+    assert finished.index("bob") <= 2, finished

@@ -41,3 +41,89 @@ def test_without_max_wait_a_queued_request_waits_for_its_slot():
         assert admission.in_flight == 0
 
     asyncio.run(scenario())
+
+
+async def _queued(admission: Admission, caller: str | None, order: list, tag: str) -> None:
+    ticket = await admission.acquire(caller)
+    order.append(tag)
+    await asyncio.sleep(0)
+    ticket.release()
+
+
+def test_callers_take_turns_for_freed_slots():
+    """A caller's burst does not hold another caller's single request behind all of it."""
+    async def scenario():
+        admission = Admission(max_concurrency=1, max_queue=16)
+        held = await admission.acquire("alice")
+        order: list[str] = []
+        tasks = [asyncio.ensure_future(_queued(admission, "alice", order, f"a{i}")) for i in range(5)]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.ensure_future(_queued(admission, "bob", order, "b0")))
+        await asyncio.sleep(0)
+        assert admission.waiting == 6
+        held.release()
+        await asyncio.gather(*tasks)
+        assert order == ["a0", "b0", "a1", "a2", "a3", "a4"]
+        assert admission.in_flight == 0 and admission.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_one_caller_holds_at_most_three_quarters_of_the_queue():
+    async def scenario():
+        admission = Admission(max_concurrency=1, max_queue=4)
+        held = await admission.acquire("alice")
+        assert admission.caller_places() == 3
+        mine = [asyncio.ensure_future(admission.acquire("alice")) for _ in range(3)]
+        await asyncio.sleep(0)
+        with pytest.raises(ServiceUnavailable) as info:
+            await admission.acquire("alice")
+        assert info.value.code == "overloaded"
+        bobs = asyncio.ensure_future(admission.acquire("bob"))  # the last place is left for the others
+        await asyncio.sleep(0)
+        assert admission.waiting == 4
+        with pytest.raises(ServiceUnavailable):
+            await admission.acquire("carol")  # the queue is full
+        held.release()
+        for waiter in (mine[0], bobs, *mine[1:]):  # alice, then bob in his turn
+            (await waiter).release()
+        assert admission.in_flight == 0 and admission.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_anonymous_requests_share_one_line_with_the_whole_queue():
+    async def scenario():
+        admission = Admission(max_concurrency=1, max_queue=4)
+        held = await admission.acquire()
+        order: list[str] = []
+        tasks = [asyncio.ensure_future(_queued(admission, None, order, str(i))) for i in range(4)]
+        await asyncio.sleep(0)
+        assert admission.waiting == 4  # no per-caller bound without an identity
+        held.release()
+        await asyncio.gather(*tasks)
+        assert order == ["0", "1", "2", "3"]
+
+    asyncio.run(scenario())
+
+
+def test_a_caller_giving_up_leaves_the_turns_and_counts_right():
+    async def scenario():
+        admission = Admission(max_concurrency=1, max_queue=8, max_wait=0.2)
+        held = await admission.acquire("alice")
+        gone = asyncio.ensure_future(admission.acquire("bob"))
+        await asyncio.sleep(0)
+        gone.cancel()  # bob's client went away
+        await asyncio.sleep(0)
+        assert admission.waiting == 0
+        stays = asyncio.ensure_future(admission.acquire("carol"))
+        await asyncio.sleep(0)
+        held.release()
+        (await stays).release()
+        with pytest.raises(ServiceUnavailable):  # a timeout in a line of its own
+            held = await admission.acquire("alice")
+            await admission.acquire("dave")
+        held.release()
+        assert admission.in_flight == 0 and admission.waiting == 0
+
+    asyncio.run(scenario())

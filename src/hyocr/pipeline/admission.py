@@ -2,7 +2,14 @@
 waiting, each for at most ``max_wait`` seconds; the rest are refused (503 + Retry-After) before their
 images are decoded, so an overload costs the server almost nothing and accepted requests keep their
 latency. Without the wait bound a queue longer than the engine drains in minutes held its requests for
-as long, past any client's patience (the request deadline starts once a request is admitted)."""
+as long, past any client's patience (the request deadline starts once a request is admitted).
+
+Callers take turns: each identified caller (the gateway's principal: an API key, a JWT subject, an allowed
+address) waits in a line of its own, and a freed slot goes to the next caller in turn, so one caller's burst
+of a hundred requests delays another's single request by one slot, not by the whole burst. One caller may
+hold at most three quarters of the queue's places, so a flood from one leaves room for the others. With no
+auth every request is one anonymous caller's: the queue is first come, first served.
+"""
 
 from __future__ import annotations
 
@@ -20,53 +27,72 @@ class Admission:
         self.max_queue = max_queue
         self.max_wait = max_wait
         self.in_flight = 0
-        self._waiters: deque[asyncio.Future] = deque()
+        # Waiters by caller; the dict's order is the turn order (the caller served moves to the back).
+        self._lines: dict[str | None, deque[asyncio.Future]] = {}
+        self._waiting = 0
         # Called after every change of in_flight or waiting: with several API processes each one writes its
         # share of the gauges then, so a scrape of any process sums exact values (observability/metrics.py).
         self.on_change: Callable[[], None] | None = None
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return self._waiting
 
-    async def acquire(self) -> Ticket:
-        if self.in_flight < self.max_concurrency and not self._waiters:
+    def caller_places(self) -> int:
+        """The most places one identified caller may hold in the queue."""
+        return max(1, self.max_queue - self.max_queue // 4)
+
+    async def acquire(self, caller: str | None = None) -> Ticket:
+        """A slot for ``caller`` (None: an anonymous request), now or after its turn in the queue."""
+        if self.in_flight < self.max_concurrency and not self._waiting:
             self.in_flight += 1
             self._changed()
             return Ticket(self)
-        if len(self._waiters) >= self.max_queue:
+        line = self._lines.get(caller)
+        if self._waiting >= self.max_queue or (
+                caller is not None and line is not None and len(line) >= self.caller_places()):
             record(rejected="overloaded")
             raise ServiceUnavailable(
                 "the server is at capacity; retry shortly", code="overloaded", headers={"Retry-After": "1"}
             )
         waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._lines.setdefault(caller, deque()).append(waiter)
+        self._waiting += 1
         self._changed()
         try:
             async with asyncio.timeout(self.max_wait):
                 await waiter  # resolved by release(), which hands over its slot
         except TimeoutError:
-            self._give_up(waiter)
+            self._give_up(caller, waiter)
             record(rejected="queue_timeout")
             raise ServiceUnavailable(
                 f"no engine slot came free within {self.max_wait:g} s; retry shortly", code="queue_timeout",
                 headers={"Retry-After": "1"},
             ) from None
         except BaseException:
-            self._give_up(waiter)
+            self._give_up(caller, waiter)
             raise
         return Ticket(self)
 
-    def _give_up(self, waiter: asyncio.Future) -> None:
-        if waiter in self._waiters:
-            self._waiters.remove(waiter)
+    def _give_up(self, caller: str | None, waiter: asyncio.Future) -> None:
+        line = self._lines.get(caller)
+        if line is not None and waiter in line:
+            line.remove(waiter)
+            if not line:
+                del self._lines[caller]
+            self._waiting -= 1
             self._changed()
         elif waiter.done() and not waiter.cancelled():
             self._release_slot()  # the slot was handed over just as we gave up: pass it on
 
     def _release_slot(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
+        while self._lines:
+            caller = next(iter(self._lines))
+            line = self._lines.pop(caller)
+            waiter = line.popleft()
+            self._waiting -= 1
+            if line:
+                self._lines[caller] = line  # back of the turn order
             if not waiter.done():
                 waiter.set_result(None)  # the slot moves to the next waiter; in_flight unchanged
                 self._changed()

@@ -131,22 +131,25 @@ class OcrService:
 
     # ----------------------------------------------------------------- the public streams
 
-    def read(self, call: OcrCall, *, request_id: str | None = None,
-             deltas: bool = False) -> AsyncIterator[ReadEvent]:
+    def read(self, call: OcrCall, *, request_id: str | None = None, deltas: bool = False,
+             caller: str | None = None) -> AsyncIterator[ReadEvent]:
         """``Started``, then a ``PageRead`` per page as it finishes (preceded by its ``PageText``s, pages
-        one after another, with ``deltas``), then ``ReadDone``."""
-        return self._admitted_stream(call, request_id, lambda prep: read_pages(self._run, prep, deltas=deltas))
+        one after another, with ``deltas``), then ``ReadDone``. ``caller``: whose turn in the admission queue
+        this is (the gateway's principal; None: anonymous)."""
+        return self._admitted_stream(call, request_id, lambda prep: read_pages(self._run, prep, deltas=deltas),
+                                     caller)
 
-    def chat(self, call: OcrCall, *, request_id: str | None = None,
-             whole: bool = False) -> AsyncIterator[ChatEvent]:
+    def chat(self, call: OcrCall, *, request_id: str | None = None, whole: bool = False,
+             caller: str | None = None) -> AsyncIterator[ChatEvent]:
         """``Started``, then the text as ``ChatText``s (or, ``whole``, none), then ``ChatDone``."""
-        return self._admitted_stream(call, request_id, lambda prep: chat_text(self._run, prep, whole=whole))
+        return self._admitted_stream(call, request_id, lambda prep: chat_text(self._run, prep, whole=whole),
+                                     caller)
 
     async def _admitted_stream(self, call: OcrCall, request_id: str | None,
-                               work: Callable[[Prepared], AsyncIterator]) -> AsyncIterator:
+                               work: Callable[[Prepared], AsyncIterator], caller: str | None) -> AsyncIterator:
         """The one shape of both streams: admitted, prepared before the deadline, ``Started``, then
         ``work``'s events until the deadline."""
-        async with self._admitted() as deadline:
+        async with self._admitted(caller) as deadline:
             prep = await self._before(deadline, self._prepare(call, request_id))
             yield Started(prep)
             async with contextlib.aclosing(self._until(work(prep), deadline)) as events:
@@ -173,9 +176,9 @@ class OcrService:
     # ----------------------------------------------------------------- admission and the deadline
 
     @contextlib.asynccontextmanager
-    async def _admitted(self):
+    async def _admitted(self, caller: str | None):
         """An engine slot for the whole call (503 at once when full); yields the call's deadline."""
-        ticket = await self.admission.acquire()
+        ticket = await self.admission.acquire(caller)
         try:
             yield asyncio.get_running_loop().time() + self.request_timeout
         finally:

@@ -14,3 +14,8 @@ def service_of(request: Request) -> OcrService:
 
 def settings_of(request: Request) -> Settings:
     return request.app.state.settings
+
+
+def caller_of(request: Request) -> str | None:
+    """The gateway's principal (an API key's digest, a JWT identity, an allowed address); None without auth."""
+    return request.scope.get("state", {}).get("principal")

@@ -19,7 +19,7 @@ from ...pipeline.objects import refuse_credentials
 from ..bodies import job_body, job_page_body, ocr_body
 from ..convert import ocr_call
 from ..protocol import ErrorResponse, JobJsonRequest
-from .deps import settings_of
+from .deps import caller_of, settings_of
 from .ocr import _DOC, _FORM_FIELDS, read_body
 
 router = APIRouter(tags=["jobs"])
@@ -49,7 +49,7 @@ def jobs_of(request: Request) -> Jobs:
 
 def owner_of(request: Request) -> str:
     """Who owns what this request makes or reads: the gateway's principal, or everyone when auth is off."""
-    return request.scope.get("state", {}).get("principal") or "anonymous"
+    return caller_of(request) or "anonymous"
 
 
 @router.post("/v1/jobs", status_code=202, responses=_ERRORS, openapi_extra=_JOB_DOC,

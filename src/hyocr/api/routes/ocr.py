@@ -23,7 +23,7 @@ from ..convert import ocr_call
 from ..disconnect import unless_disconnected
 from ..errors import hyocr_error_body
 from ..protocol import ErrorResponse, OcrJsonRequest, OcrResponse
-from .deps import service_of, settings_of
+from .deps import caller_of, service_of, settings_of
 
 router = APIRouter(tags=["ocr"])
 
@@ -116,7 +116,8 @@ def _json_field(key: str, text: str) -> Any:
 )
 async def ocr(request: Request):
     body, uploads = await read_body(request)
-    events = service_of(request).read(ocr_call(body, settings_of(request), uploads=uploads))
+    call = ocr_call(body, settings_of(request), uploads=uploads)
+    events = service_of(request).read(call, caller=caller_of(request))
     if not body.stream:
         return ocr_body(await unless_disconnected(request, result_of(events)))
     try:

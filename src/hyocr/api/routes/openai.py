@@ -22,7 +22,7 @@ from ..convert import chat_call, completion_call
 from ..disconnect import unless_disconnected
 from ..protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from ..serving import exposure
-from .deps import service_of, settings_of
+from .deps import caller_of, service_of, settings_of
 
 router = APIRouter(tags=["openai"])
 _ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 415: {"model": ErrorResponse}}
@@ -56,7 +56,8 @@ _COMPLETION = _Shape("cmpl", "text_completion", lambda text, finish, first: {"te
 
 
 async def _answer(request: Request, body, call, shape: _Shape):
-    events = service_of(request).chat(call, request_id=f"{shape.id_prefix}-{uuid.uuid4().hex}", whole=not body.stream)
+    events = service_of(request).chat(call, request_id=f"{shape.id_prefix}-{uuid.uuid4().hex}", whole=not body.stream,
+                                      caller=caller_of(request))
     try:
         started = await unless_disconnected(request, anext(events))  # admitted and prepared: errors are HTTP's
     except BaseException:
