@@ -392,6 +392,11 @@ class Settings(BaseSettings):
 class SettingsError(Exception):
     """Bad configuration, with one readable line per problem."""
 
+    @classmethod
+    def of(cls, problems: list[str]) -> SettingsError:
+        """"invalid settings:" and each problem on a line of its own ("name (HYOCR_NAME): what is wrong")."""
+        return cls("invalid settings:\n" + "\n".join(f"  {p}" for p in problems))
+
 
 def load_settings(**overrides: object) -> Settings:
     """Build settings from the environment plus explicit overrides (``None`` overrides are ignored)."""
@@ -403,8 +408,8 @@ def load_settings(**overrides: object) -> Settings:
         for err in exc.errors():
             name = ".".join(str(p) for p in err["loc"])
             if not name:  # a rule across several settings (a model validator): no one variable or flag
-                lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+                lines.append(err['msg'].removeprefix('Value error, '))
                 continue
             env = f"HYOCR_{name.upper()}"
-            lines.append(f"  {name} ({env} / --{name.replace('_', '-')}): {err['msg']}")
-        raise SettingsError("invalid settings:\n" + "\n".join(lines)) from None
+            lines.append(f"{name} ({env} / --{name.replace('_', '-')}): {err['msg']}")
+        raise SettingsError.of(lines) from None

@@ -29,7 +29,7 @@ class RateLimiter:
         from ..config import SettingsError
 
         def invalid(name: str, exc: Exception) -> SettingsError:
-            return SettingsError(f"invalid settings:\n  {name} (HYOCR_{name.upper()}): {exc}")
+            return SettingsError.of([f"{name} (HYOCR_{name.upper()}): {exc}"])
 
         try:
             self.items = parse_many(spec)  # "60/minute" or "10/second;1000/hour"

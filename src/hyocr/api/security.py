@@ -91,7 +91,7 @@ class AuthPolicy:
         networks = {name: _networks(getattr(settings, name), name, problems)
                     for name in ("allowed_ips", "trusted_proxies")}
         if problems:
-            raise SettingsError("invalid settings:\n" + "\n".join(f"  {p}" for p in problems))
+            raise SettingsError.of(problems)
         if jwt_keys and not settings.jwt_audience:
             log.warning("JWT_AUDIENCE is not set: tokens issued for any audience (other services of the same "
                         "issuer) are accepted")
