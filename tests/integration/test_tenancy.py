@@ -186,6 +186,19 @@ def test_issuer_and_subject_pairs_that_join_alike_are_two_owners(jwt_server):
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_token_claims", (iss, r.text)
 
 
+def test_times_written_as_strings_are_refused(jwt_server):
+    """PyJWT reads an exp of "9999999999" as a number; RFC 7519's NumericDate is a JSON number."""
+    later = int(time.time()) + 600
+    for claims in ({"exp": str(later)}, {"exp": later, "nbf": "0"}, {"exp": later, "iat": True}):
+        token = jwt.api_jws.encode(json.dumps({"sub": "c", **claims}).encode(), SECRET, algorithm="HS256")
+        r = requests.get(f"{jwt_server.url}/v1/jobs", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_token_claims", (claims, r.text)
+    token = jwt.api_jws.encode(json.dumps({"sub": "c", "exp": later + 0.5, "iat": 1.5}).encode(), SECRET,
+                               algorithm="HS256")
+    assert requests.get(f"{jwt_server.url}/v1/jobs", headers={"Authorization": f"Bearer {token}"},
+                        timeout=10).status_code == 200  # fractions are NumericDates too
+
+
 def test_a_credential_header_sent_twice_with_different_values_is_refused(fake_server_factory):
     import httpx
 

@@ -242,6 +242,11 @@ class Authenticator:
                                 "are whose", "token_without_subject")
             if not isinstance(issuer, str | None):  # 5 and "5" would print alike: one owner (RFC 7519: a string)
                 raise AuthError(401, "the token's iss claim must be a string", "invalid_token_claims")
+            times = [name for name in ("exp", "nbf", "iat") if name in claims and (
+                isinstance(claims[name], bool) or not isinstance(claims[name], int | float))]
+            if times:  # PyJWT reads "9999999999" as a number; RFC 7519's NumericDate is a JSON number
+                raise AuthError(401, f"the token's {times[0]} claim must be a number (seconds since the epoch)",
+                                "invalid_token_claims")
             return jwt_id(issuer, subject)
         return None
 
