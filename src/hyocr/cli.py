@@ -264,6 +264,7 @@ def serve(settings: Settings) -> int:
 
     from .api.app import build_app, check_gateway_settings
     from .api.serving import warn_if_exposed
+    from .server.shares import bind_early
     from .server.uvicorn import Server, uvicorn_options
 
     if settings.gil_switch_interval:
@@ -278,6 +279,7 @@ def serve(settings: Settings) -> int:
         from .server.processes import serve as serve_processes
 
         return serve_processes(settings)
+    lock, sock = bind_early(settings)  # a port in use fails now, not after the engine has loaded
     app = build_app(settings)
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the
     # process's previous handler. A no-op handler there makes a drained stop exit 0, as
@@ -287,7 +289,11 @@ def serve(settings: Settings) -> int:
     # uvicorn.Server, not uvicorn.run: the server tells the app when the drain starts (server/uvicorn.py).
     server = Server(uvicorn.Config(app, host=settings.host, port=settings.port, **uvicorn_options(settings)),
                     drain=app.state.drain)
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        lock.close()
     # 3: the lifespan failed (the engine did not start); 130: a second Ctrl-C cut the drain short
     code = 3 if not server.started else 130 if server.force_exit else 0
     _exit_when_drained(code)

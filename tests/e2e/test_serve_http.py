@@ -90,3 +90,43 @@ def test_hyocr_ocr_names_pages_from_1_as_pages_does(tmp_path):
     as_json = subprocess.run([*HYOCR, "ocr", str(path), "--engine", "fake", "--task", "text", "--pages", "2-3",
                               "--json"], check=False, capture_output=True, text=True, timeout=180)
     assert [p["index"] for p in json.loads(as_json.stdout)["pages"]] == [1, 2]  # the API's 0-based index
+
+
+def test_a_port_in_use_fails_before_the_engine_loads_and_a_loading_server_refuses_connections(tmp_path):
+    """The port is taken before the engine loads: a second server on it exits at once (it used to load its
+    engine and start its job runner first), and the first refuses connections until it is up."""
+    import os
+    import socket
+    import time
+
+    from servers import free_port, wait_ready
+
+    port = free_port()
+    command = [*HYOCR, "serve", "--engine", "fake", "--model", "start_delay=8", "--no-ui", "--port", str(port)]
+    first = subprocess.Popen(command, env={**os.environ, "HYOCR_DATA_DIR": str(tmp_path / "first")},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # a plain bind fails once the first server holds the port
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    break
+            assert time.monotonic() < deadline and first.poll() is None, "the first server did not take its port"
+            time.sleep(0.05)
+        with socket.socket() as client:  # loading: refused now, not queued behind an engine still loading
+            assert client.connect_ex(("127.0.0.1", port)) != 0
+        second = subprocess.run(command, env={**os.environ, "HYOCR_DATA_DIR": str(tmp_path / "second")},
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in second.stderr, second.stderr
+        # Nothing started: no application start-up, no engine, no job runner (whose first act is its secret)
+        output = second.stdout + second.stderr
+        assert "application startup" not in output and "engine fake" not in output, output
+        assert not (tmp_path / "second" / "webhook-secret").exists()
+        assert first.poll() is None
+        wait_ready(first, f"http://127.0.0.1:{port}", 60)
+        assert requests.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
+    finally:
+        first.kill()
+        first.wait(timeout=30)

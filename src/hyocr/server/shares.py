@@ -151,6 +151,22 @@ def reserve_port(settings: Settings) -> PortGroup | None:
     return PortGroup(lock, member)
 
 
+def bind_early(settings: Settings) -> tuple[socket.socket, socket.socket]:
+    """The single-process server's port, taken before its engine loads: (a lock among hyocr servers on the
+    address, the socket bound but not listening), both held for the server's life. A second server on a port in
+    use fails at once; it used to load its engine and start its job runner (which claims the jobs database's
+    work) before its bind failed. Not listening yet, the port refuses connections while the engine loads;
+    uvicorn listens once the app is up."""
+    lock = _port_lock(settings)
+    try:
+        sock = _bound(settings, reuse_address=True, reuse_port=False)  # refused by a listener, as create_server
+    except OSError as exc:
+        lock.close()
+        raise _cannot_listen(settings, exc.strerror) from None
+    close_in_forks(sock)
+    return lock, sock
+
+
 def hold_port(settings: Settings) -> tuple[Any, socket.socket | None]:
     """For the parent of several API processes: what it holds for the server's life, and the socket it hands
     each process: a SO_REUSEPORT group where the kernel spreads connections over the processes (None: each joins

@@ -58,6 +58,11 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.drain = drain
 
+    async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        await super().startup(sockets=sockets)
+        if sockets is not None and self.started:  # uvicorn names the address only of a socket it opened itself
+            self._log_started_message(sockets)
+
     async def shutdown(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         if self.drain is not None:
             self.drain.begin()
