@@ -290,9 +290,10 @@ def serve(settings: Settings) -> int:
     server = Server(uvicorn.Config(app, host=settings.host, port=settings.port, **uvicorn_options(settings)),
                     drain=app.state.drain)
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=[sock] if sock is not None else None)
     finally:
-        sock.close()
+        if sock is not None:
+            sock.close()
         lock.close()
     # 3: the lifespan failed (the engine did not start); 130: a second Ctrl-C cut the drain short
     code = 3 if not server.started else 130 if server.force_exit else 0

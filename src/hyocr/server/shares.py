@@ -5,6 +5,7 @@ not keep, or one socket a process in a SO_REUSEPORT group, where the kernel spre
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import socket
@@ -151,13 +152,18 @@ def reserve_port(settings: Settings) -> PortGroup | None:
     return PortGroup(lock, member)
 
 
-def bind_early(settings: Settings) -> tuple[socket.socket, socket.socket]:
+def bind_early(settings: Settings) -> tuple[socket.socket, socket.socket | None]:
     """The single-process server's port, taken before its engine loads: (a lock among hyocr servers on the
     address, the socket bound but not listening), both held for the server's life. A second server on a port in
     use fails at once; it used to load its engine and start its job runner (which claims the jobs database's
     work) before its bind failed. Not listening yet, the port refuses connections while the engine loads;
-    uvicorn listens once the app is up."""
+    uvicorn listens once the app is up. A host name (not an address) gets the lock only: uvicorn binds every
+    address the name resolves to (localhost: 127.0.0.1 and ::1), as before."""
     lock = _port_lock(settings)
+    try:
+        ipaddress.ip_address(settings.host)
+    except ValueError:
+        return lock, None
     try:
         sock = _bound(settings, reuse_address=True, reuse_port=False)  # refused by a listener, as create_server
     except OSError as exc:
