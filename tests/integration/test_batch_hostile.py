@@ -296,3 +296,36 @@ def test_a_batch_file_may_be_larger_than_a_request_body_but_not_than_its_own_cap
     _is_error(_upload(server.url, b"x" * (300 * 1024), headers={}), 413)
     # the other routes keep MAX_BODY_BYTES
     _is_error(requests.post(f"{server.url}/v1/ocr", json={"image": "A" * (100 * 1024)}, timeout=10), 413)
+
+
+def test_batches_created_together_stay_within_the_callers_caps(fake_server_factory):
+    """Creates sent at once each passed the active-batch count before any was stored (5 under a cap of 2); and a
+    batch's requests are copied into its lines, so they count toward the caller's stored bytes: one file no longer
+    makes a thousand batches' copies past the cap."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    slow = {"custom_id": "s", "method": "POST", "url": "/v1/ocr",
+            "body": {"image": PNG, "task": "vqa", "question": "[[fake:delay=30]] wait"}}
+    data = b"".join(json.dumps({**slow, "custom_id": f"s{n}"}).encode() + b"\n" for n in range(4))
+    server = fake_server_factory(ui=False, api_keys="alice-key,bob-key", job_max_active=2,
+                                 job_max_stored_bytes=int(len(data) * 2.5))
+    file_id = _upload(server.url, data).json()["id"]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: _create(server.url, file_id), range(8)))
+    made = [r for r in answers if r.status_code == 200]
+    refused = [r.json()["error"]["code"] for r in answers if r.status_code != 200]
+    # the first holds the file and its copy (2x), a second copy would pass 2.5x: one batch, the rest refused
+    assert len(made) == 1 and set(refused) <= {"too_many_batches", "too_many_batch_bytes"}, [r.text for r in answers]
+    assert "too_many_batch_bytes" in refused
+    listed = requests.get(f"{server.url}/v1/batches", headers=ALICE, timeout=10).json()["data"]
+    assert [b["id"] for b in listed] == [made[0].json()["id"]]
+    # Bob's room is his own.
+    bobs = _upload(server.url, data, headers=BOB).json()["id"]
+    assert _create(server.url, bobs, headers=BOB).status_code == 200
+    # With room for the bytes, the active-batch cap holds at once too.
+    roomy = fake_server_factory(ui=False, api_keys="alice-key", job_max_active=2)
+    file_id = _upload(roomy.url, data).json()["id"]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: _create(roomy.url, file_id), range(8)))
+    assert sorted(r.status_code for r in answers) == [200] * 2 + [429] * 6, [r.text for r in answers]
+    assert {r.json()["error"]["code"] for r in answers if r.status_code == 429} == {"too_many_batches"}

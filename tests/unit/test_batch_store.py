@@ -309,3 +309,77 @@ def test_a_lost_claim_stops_that_batchs_work_and_not_the_loop(tmp_path):
         finally:
             loop.cancel()
     _run(go, tmp_path, lease=0.3)
+
+
+def test_a_batch_cancelled_after_its_validation_died_half_way_answers_every_line(tmp_path):
+    """A crash while validating leaves some lines stored and total 0; a cancel then used to end the batch with
+    only those: its input is read again first, and every line comes back batch_cancelled."""
+    import json
+
+    from hyocr.config import load_settings
+    from hyocr.jobs.batch_runner import BatchRunner
+    from hyocr.pipeline.objects import ObjectStore
+
+    async def go(store, files):
+        settings = load_settings(engine="fake")
+        runner = BatchRunner(store, files, ObjectStore.from_settings(settings), settings, replica="r", answer=None)
+
+        async def parts():
+            yield "".join(json.dumps({"custom_id": f"c{n}", "method": "POST", "url": "/v1/ocr", "body": {"n": n}})
+                          + "\n" for n in range(1, 11)).encode()
+
+        uploaded = await files.write(owner="alice", filename="in.jsonl", purpose="batch", parts=parts(),
+                                     expires_at=None, count_lines=True)
+        batch = await store.create(owner="alice", endpoint="/v1/ocr", input_file_id=uploaded.id,
+                                   completion_window="24h", metadata=None, output_uri=None,
+                                   output_expires_after=None, window=86400)
+        assert (await store.claim_batch("dead")).id == batch.id  # a replica begins, stores 3 lines, and dies
+        await store.add_lines(batch.id, [{"n": n, "custom_id": f"c{n}", "request": b"{}"} for n in (1, 2, 3)])
+        assert await store.cancel("alice", batch.id)
+        await store.release_batch(batch.id, "dead")  # its lease ran out
+        claimed = await store.claim_batch("r")
+        assert (claimed.id, claimed.status, claimed.total) == (batch.id, "cancelling", 0)
+        await runner._whole(claimed)
+        ended = await store.get("alice", batch.id)
+        assert (ended.status, ended.total, ended.completed, ended.failed) == ("cancelled", 10, 0, 10)
+        errors = b"".join([p async for p in files.parts(ended.error_file_id)]).decode().splitlines()
+        assert [(json.loads(e)["custom_id"], json.loads(e)["error"]["code"]) for e in errors] == [
+            (f"c{n}", "batch_cancelled") for n in range(1, 11)]
+    _run(go, tmp_path)
+
+
+def test_a_batch_cancelled_while_its_validation_runs_is_not_read_twice(tmp_path):
+    async def go(store, _files):
+        batch = await store.create(owner="alice", endpoint="/v1/ocr", input_file_id="file-x", completion_window="24h",
+                                   metadata=None, output_uri=None, output_expires_after=None, window=86400)
+        assert (await store.claim_batch("v")).id == batch.id
+        await store.add_lines(batch.id, [{"n": n, "custom_id": f"c{n}", "request": b"{}"} for n in (1, 2)])
+        assert await store.cancel("alice", batch.id)
+        assert not await store.start(batch.id, "v", numbers=[1, 2], chunk_lines=1)  # cancelled meanwhile
+        assert (await store.get("alice", batch.id)).total == 2  # whole: the finalizer closes them as they are
+    _run(go, tmp_path)
+
+
+def test_owners_take_turns_for_chunks_before_a_batch_does(tmp_path):
+    """Two older batches of one owner held a newer batch of another back for as long as they ran: the owner
+    with the fewest chunks running goes first."""
+    async def go(store, _files):
+        async def batch(owner: str, lines: int) -> str:
+            made = await store.create(owner=owner, endpoint="/v1/ocr", input_file_id="file-x", completion_window="24h",
+                                      metadata=None, output_uri=None, output_expires_after=None, window=86400)
+            assert (await store.claim_batch("v")).id == made.id
+            await store.add_lines(made.id, [{"n": n, "custom_id": f"c{n}", "request": b"{}"}
+                                            for n in range(1, lines + 1)])
+            assert await store.start(made.id, "v", numbers=list(range(1, lines + 1)), chunk_lines=1)
+            await store.release_batch(made.id, "v")
+            return made.id
+
+        first, second = await batch("alice", 4), await batch("alice", 4)
+        bobs = await batch("bob", 1)
+        a, b = await store.claim_chunk("w1"), await store.claim_chunk("w2")
+        assert {a.batch_id, b.batch_id} == {first, bobs}  # bob's batch has the fewest running, then alice's oldest
+        await store.finish_chunk(b.chunk_id if b.batch_id == bobs else a.chunk_id, "w2" if b.batch_id == bobs
+                                 else "w1")
+        c = await store.claim_chunk("w3")  # alice runs one chunk: her second batch, not her first again
+        assert c.batch_id == second
+    _run(go, tmp_path)

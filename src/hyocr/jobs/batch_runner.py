@@ -166,24 +166,29 @@ class BatchRunner:
 
         holding = asyncio.create_task(hold())
         later = 0.0  # seconds before another try may claim it (a failure's backoff)
+        # A batch cancelled before its validation finished (a crash cut it short: total still 0) has its lines
+        # read first, so that each is answered; the lines a dead validation stored are not all of them.
+        validating = batch.status == "validating" or (batch.status == "cancelling" and not batch.total)
         try:
-            if batch.status == "validating":
+            if validating:
                 await self._validate(batch)
+                if batch.status == "cancelling" and (await self.store.get(None, batch.id)).status == "cancelling":
+                    await self._finalize(batch.id)
             else:
                 if batch.status == "in_progress":
                     ending = "expired" if batch.expires_at <= time.time() else "completed"
                     await self.store.begin_finalizing(batch.id, self.replica, ending)
                 await self._finalize(batch.id)
         except HyocrError as exc:  # the input could not be read now (the object store down): later
-            if batch.status == "validating" and batch.expires_at <= time.time():
+            if validating and batch.expires_at <= time.time():
                 await self._fail(batch, [{"code": exc.code or "input_unavailable", "message": exc.message,
                                           "param": "input_file_id", "line": None}])
                 return
             log.warning("batch %s: %s; again later", batch.id, exc.message)
             later = 10.0
         except Exception:  # a fault of ours: a validation fails the batch, saying so; other work is tried later
-            log.exception("batch %s: %s failed", batch.id, "validation" if batch.status == "validating" else "work")
-            if batch.status == "validating":
+            log.exception("batch %s: %s failed", batch.id, "validation" if validating else "work")
+            if validating:
                 await self._fail(batch, [{"code": "validation_failed", "param": None, "line": None,
                                           "message": f"the input file could not be read (batch {batch.id}: see "
                                           "the server log)"}])
@@ -217,7 +222,14 @@ class BatchRunner:
                                       "param": "input_file_id", "line": None}])
             return
         await self.store.add_lines(batch.id, rows)
-        if errors:
+        room = self.settings.job_max_stored_bytes
+        held = await self.files.stored(batch.owner) + (await self.store.held_bytes(batch.owner))[0]
+        if held > room:  # counted with these lines in: batches created together each passed create's check
+            await self._fail(batch, [{"code": "too_many_batch_bytes", "param": "input_file_id", "line": None,
+                                      "message": f"your files and the requests of your active batches would hold "
+                                      f"{held} bytes, past the {room} bytes kept per caller: create this batch "
+                                      "again as others finish"}])
+        elif errors:
             await self._fail(batch, errors)
         elif not numbers:
             await self._fail(batch, [{"code": "empty_file", "message": "the input file has no requests",

@@ -144,6 +144,17 @@ class BatchStore:
             return int(await db.scalar(select(func.count()).select_from(batches).where(
                 batches.c.owner == owner, batches.c.status.in_(ACTIVE))) or 0)
 
+    async def held_bytes(self, owner: str) -> tuple[int, list[str]]:
+        """(the request bytes the owner's active batches hold in their open lines, the inputs of those still
+        validating, whose lines are not all stored yet)."""
+        active = and_(batches.c.owner == owner, batches.c.status.in_(ACTIVE))
+        async with self.engine.connect() as db:
+            held = await db.scalar(select(func.coalesce(func.sum(func.length(batch_lines.c.request)), 0)).where(
+                batch_lines.c.batch_id.in_(select(batches.c.id).where(active)), batch_lines.c.request.is_not(None)))
+            validating = (await db.scalars(select(batches.c.input_file_id).where(
+                active, or_(batches.c.status == "validating", batches.c.total == 0)))).all()
+        return int(held or 0), list(validating)
+
     async def cancel(self, owner: str, batch_id: str) -> bool:
         """validating or in_progress -> cancelling (True); the finalizer ends it once no chunk runs."""
         async with self.engine.begin() as db:
@@ -223,7 +234,11 @@ class BatchStore:
             begun = await db.execute(update(batches).where(
                 batches.c.id == batch_id, batches.c.claimed_by == replica, batches.c.status == "validating")
                 .values(status="in_progress", in_progress_at=now, total=len(numbers)))
-            if not begun.rowcount:
+            if not begun.rowcount:  # cancelled meanwhile: its lines are all stored, which total records (the
+                # finalizer answers them; a batch cancelled with total 0 is read again first, see BatchRunner)
+                await db.execute(update(batches).where(
+                    batches.c.id == batch_id, batches.c.claimed_by == replica, batches.c.status == "cancelling")
+                    .values(total=len(numbers)))
                 return False
             open_numbers = (await db.scalars(select(batch_lines.c.n).where(
                 batch_lines.c.batch_id == batch_id, batch_lines.c.status_code.is_(None))
@@ -306,7 +321,9 @@ class BatchStore:
     async def claim_chunk(self, replica: str) -> ChunkClaim | None:
         """The next chunk to run, held for ``lease`` seconds: pending, or held by a replica that stopped
         renewing; of a batch in progress whose window has not passed. The batch with the fewest chunks
-        running goes first (then the oldest): a 3-line batch is not queued behind a 50,000-line one."""
+        running goes first (then the oldest): a 3-line batch is not queued behind a 50,000-line one; before
+        that, the owner with the fewest chunks running, so that one caller's several batches do not hold another's
+        back."""
         now = time.time()
         claimable = or_(batch_chunks.c.state == "pending",
                         and_(batch_chunks.c.state == "running", batch_chunks.c.lease_until < now))
@@ -314,10 +331,14 @@ class BatchStore:
         running = (select(func.count()).select_from(held).where(
             held.c.batch_id == batch_chunks.c.batch_id, held.c.state == "running", held.c.lease_until >= now)
             .scalar_subquery())
+        mine, theirs = batch_chunks.alias("mine"), batches.alias("theirs")
+        owner_running = (select(func.count()).select_from(mine.join(theirs, theirs.c.id == mine.c.batch_id)).where(
+            theirs.c.owner == batches.c.owner, mine.c.state == "running", mine.c.lease_until >= now)
+            .scalar_subquery())
         query = (select(batch_chunks.c.id).join(batches, batches.c.id == batch_chunks.c.batch_id)
                  .where(claimable, batch_chunks.c.not_before <= now, batches.c.status == "in_progress",
                         batches.c.expires_at > now)
-                 .order_by(running, batches.c.created_at, batch_chunks.c.id).limit(8))
+                 .order_by(owner_running, running, batches.c.created_at, batch_chunks.c.id).limit(8))
         async with self.engine.begin() as db:
             for chunk_id in (await db.scalars(query)).all():
                 won = await db.execute(update(batch_chunks).where(batch_chunks.c.id == chunk_id, claimable)

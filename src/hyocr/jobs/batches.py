@@ -12,9 +12,11 @@ runs, by the online route's own models, so its error line carries the message th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -165,6 +167,9 @@ class Batches:
         self.objects = objects
         self.settings = settings
         self.wake = None  # the runner's wake event, set by Jobs
+        # One create at a time per caller: the caps are counted, then the batch stored (creates sent together
+        # each passed the count otherwise: 5 active batches under a cap of 2)
+        self._creating: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def create(self, owner: str, *, input_file_id: str, endpoint: str, completion_window: str,
                      metadata: dict | None, output_uri: str | None,
@@ -176,25 +181,43 @@ class Batches:
             raise InvalidRequest(f"completion_window must be {WINDOW!r}", param="completion_window")
         _check_metadata(metadata)
         keep = _expires_after(output_expires_after)
+        size = 0  # an object's size is known once read: validation counts it
         if is_object_uri(input_file_id):
             input_file_id = str(self.objects.checked(input_file_id, param="input_file_id"))
         else:
-            await self._check_file(owner, input_file_id)
+            size = (await self._check_file(owner, input_file_id)).bytes
         if output_uri is not None:
             output_uri = str(self.objects.checked(output_uri, param="output_uri", prefix=True))
-        if (active := await self.store.active(owner)) >= self.settings.job_max_active:
-            raise RateLimited(f"{active} of your batches are active, the most this server keeps per caller; "
-                              "create more as they finish", code="too_many_batches",
-                              headers={"Retry-After": "10"})
-        batch = await self.store.create(owner=owner, endpoint=endpoint, input_file_id=input_file_id,
-                                        completion_window=completion_window, metadata=metadata,
-                                        output_uri=output_uri, output_expires_after=keep,
-                                        window=WINDOW_SECONDS)
+        async with self._creating.setdefault(owner, asyncio.Lock()):
+            await self._within_caps(owner, size)
+            batch = await self.store.create(owner=owner, endpoint=endpoint, input_file_id=input_file_id,
+                                            completion_window=completion_window, metadata=metadata,
+                                            output_uri=output_uri, output_expires_after=keep,
+                                            window=WINDOW_SECONDS)
         if self.wake is not None:
             self.wake.set()
         return batch
 
-    async def _check_file(self, owner: str, file_id: str) -> None:
+    async def _within_caps(self, owner: str, size: int) -> None:
+        """JOB_MAX_ACTIVE batches per caller; and a batch's requests are copied from its input file into its
+        lines, so they count toward JOB_MAX_STORED_BYTES beside the caller's files while it runs (one file made
+        a thousand batches' copies past the cap)."""
+        if (active := await self.store.active(owner)) >= self.settings.job_max_active:
+            raise RateLimited(f"{active} of your batches are active, the most this server keeps per caller; "
+                              "create more as they finish", code="too_many_batches",
+                              headers={"Retry-After": "10"})
+        held, validating = await self.store.held_bytes(owner)
+        held += await self.files.stored(owner)
+        for file_id in validating:  # their lines are still being copied: counted whole
+            if not is_object_uri(file_id) and (found := await self.files.get(owner, file_id)) is not None:
+                held += found.bytes
+        room = self.settings.job_max_stored_bytes
+        if held + size > room:
+            raise RateLimited(f"your files and the requests of your active batches hold {held} bytes; this batch's "
+                              f"requests ({size} bytes) would pass the {room} bytes kept per caller: create it as "
+                              "others finish", code="too_many_batch_bytes", headers={"Retry-After": "60"})
+
+    async def _check_file(self, owner: str, file_id: str):
         found = await self.files.get(owner, file_id)
         if found is None:  # another caller's file is not found either
             raise NotFound(f"no file {file_id[:80]!r}", param="input_file_id", code="file_not_found")
@@ -207,6 +230,7 @@ class Batches:
             raise InvalidRequest(f"file {file_id} has {found.lines} requests; a batch takes at most "
                                  f"{self.settings.batch_max_lines}: split it", param="input_file_id",
                                  code="batch_too_large")
+        return found
 
     async def get(self, owner: str, batch_id: str) -> BatchRecord:
         batch = await self.store.get(owner, batch_id)
