@@ -19,6 +19,7 @@ import typing
 from pathlib import Path
 
 from . import __version__
+from .cli_args import seconds, server_url
 from .config import Settings, SettingsError, load_settings
 from .ocr_cli import PDF_TIMEOUT
 
@@ -116,9 +117,9 @@ def build_parser(*, full_help: bool = False) -> argparse.ArgumentParser:
     ocr.add_argument("files", nargs="+", type=Path, metavar="FILE")
     _read_flags(ocr)
     ocr.add_argument("--json", action="store_true", help="print the full JSON result")
-    ocr.add_argument("--url", help="send the files to a running hyocr server instead of running in-process")
+    ocr.add_argument("--url", type=server_url, help="send the files to a running hyocr server instead of running in-process")
     ocr.add_argument("--api-key", dest="api_key", help="--url: the server's API key (or HYOCR_CLIENT_API_KEY)")
-    ocr.add_argument("--timeout", type=float, help=f"--url: seconds per attempt (default 3; {PDF_TIMEOUT:g} for "
+    ocr.add_argument("--timeout", type=seconds, help=f"--url: seconds per attempt (default 3; {PDF_TIMEOUT:g} for "
                      "a PDF, which streams its pages: the wait until the first page, then between pages)")
     _settings_flags(ocr, skip=LOCAL_SKIP, shown=None if full_help else OCR_SETTINGS)
 
@@ -139,10 +140,10 @@ def build_parser(*, full_help: bool = False) -> argparse.ArgumentParser:
                        help="where the state a rerun resumes from is kept [default: DIR itself; for a "
                        "prefix, ~/.cache/hyocr/batch/<bucket>-<digest of the prefix and endpoint>]")
     _read_flags(batch)
-    batch.add_argument("--url", help="submit the documents as jobs to a running hyocr server (/v1/jobs)")
+    batch.add_argument("--url", type=server_url, help="submit the documents as jobs to a running hyocr server (/v1/jobs)")
     batch.add_argument("--api-key", dest="api_key", help="--url: the server's key (or HYOCR_CLIENT_API_KEY)")
-    batch.add_argument("--timeout", type=float, default=60.0, help="--url: seconds per request attempt")
-    batch.add_argument("--poll", type=float, default=1.0, help="--url: seconds between looks at a job")
+    batch.add_argument("--timeout", type=seconds, default=60.0, help="--url: seconds per request attempt")
+    batch.add_argument("--poll", type=seconds, default=1.0, help="--url: seconds between looks at a job")
     batch.add_argument("--max-retries", dest="max_retries", type=int, default=2,
                        help="a failed document is read again by a rerun, up to 1 + this many attempts in all")
     batch.add_argument("--workers", type=int, default=2, help="documents read at once (in-process)")
@@ -157,7 +158,7 @@ def build_parser(*, full_help: bool = False) -> argparse.ArgumentParser:
                     "(--engine), one level per concurrency. 'hyocr bench compare A.json B.json ...' puts "
                     "result files side by side, with ratios to the first.")
     target = bench.add_mutually_exclusive_group()
-    target.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:8000")
+    target.add_argument("--url", type=server_url, help="server base URL, e.g. http://127.0.0.1:8000")
     target.add_argument("--engine", metavar="NAME",
                         help="start hyocr with this engine in-process on loopback and benchmark it: "
                         "rapidocr | vllm | transformers | openai | fake")
@@ -184,7 +185,7 @@ def build_parser(*, full_help: bool = False) -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=4, help="requests sent before measuring")
     bench.add_argument("--seed", type=int, default=1234)
     bench.add_argument("--label", help="name of this run in reports")
-    bench.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    bench.add_argument("--timeout", type=seconds, default=600.0, help="per-request timeout, seconds")
     bench.add_argument("--output", help="write the JSON result here")
     bench.add_argument("--markdown", help="write the markdown table here")
     bench.add_argument("--plot", help="write req/s and p99 latency vs concurrency here (PNG; extra bench)")

@@ -6,6 +6,7 @@ and reports compared."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -272,6 +273,22 @@ def test_bad_requests_stop_before_anything_runs(tmp_path, labelled, good):
         ((manifest, "-o", report, "--plot", image), "is read by this command"),
         ((manifest, "-o", report, "--markdown", str(labelled / "card.png")), "is read by this command"),
     ]
+    # found by a second hostile round: numbers and URLs argparse now refuses, a report path that is its own reads
+    # folder, a device as the report with no reads folder beside it, a task the engine cannot run
+    os.mkfifo(tmp_path / "fifo")
+    cases += [
+        ((manifest, "-o", report, "--url", "http://localhost:800O"), "argument --url"),
+        ((manifest, "-o", report, "--url", "http://[::1"), "argument --url"),
+        ((manifest, "-o", report, "--url", "http://localhost:80000"), "argument --url"),
+        ((manifest, "-o", report, "--url", "ftp://localhost"), "argument --url"),
+        ((manifest, "-o", report, "--timeout", "0"), "argument --timeout"),
+        ((manifest, "-o", report, "--timeout", "nan"), "argument --timeout"),
+        ((manifest, "-o", report, "--poll", "-1"), "argument --poll"),
+        ((manifest, "-o", str(tmp_path / "x.reads")), "would be one path"),
+        ((manifest, "-o", report, "--reads", report), "would be one path"),
+        ((manifest, "-o", str(tmp_path / "fifo")), "give --reads DIR"),
+        ((manifest, "-o", report, "--task", "extract", "--engine", "rapidocr"), "needs a vision-language engine"),
+    ]
     odb_root = tmp_path / "odb"
     (odb_root / "images").mkdir(parents=True)
     IMAGES["hello.png"].image.save(odb_root / "images" / "p1.png")
@@ -283,3 +300,63 @@ def test_bad_requests_stop_before_anything_runs(tmp_path, labelled, good):
         assert done.returncode == 2, (args, done.stderr)
         assert why in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
     assert json.loads((odb_root / "OmniDocBench.json").read_text())[0]["page_info"]  # untouched
+    assert not (tmp_path / "x.reads").exists() and (tmp_path / "fifo").is_fifo()
+
+
+def test_a_report_to_a_device_or_through_a_link_leaves_the_node_and_the_link(tmp_path, labelled):
+    """-o /dev/stdout (as root in a container) used to replace the node with a regular file for the whole machine,
+    and a link to a report with the report: a device or pipe is written through, a link's target is written."""
+    manifest = str(labelled / "good.jsonl")
+    os.mkfifo(tmp_path / "pipe")
+    reader = subprocess.Popen(["cat", str(tmp_path / "pipe")], stdout=subprocess.PIPE)
+    done = _eval(manifest, "-o", str(tmp_path / "pipe"), "--reads", str(tmp_path / "piped.reads"), "--engine", "fake")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(reader.communicate(timeout=30)[0])["object"] == "hyocr.eval.report"
+    assert (tmp_path / "pipe").is_fifo()
+    done = _eval(manifest, "-o", "/dev/stdout", "--reads", str(tmp_path / "out.reads"), "--engine", "fake")
+    assert done.returncode == 0 and json.loads(done.stdout)["object"] == "hyocr.eval.report", done.stdout[-300:]
+    assert "| family | metric |" in done.stderr  # the summary is not mixed into the JSON
+    (tmp_path / "real.json").write_text("{}")
+    (tmp_path / "latest.json").symlink_to(tmp_path / "real.json")
+    done = _eval(manifest, "-o", str(tmp_path / "latest.json"), "--engine", "fake")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "latest.json").is_symlink() and _report(tmp_path / "real.json")["object"] == "hyocr.eval.report"
+
+
+def test_a_pdf_named_in_no_utf8_is_evaluated(tmp_path):
+    """A file name that is not UTF-8 (os.fsdecode's escapes) crashed the set's fingerprint after every page was
+    read; `hyocr batch` took the same folder."""
+    folder = tmp_path / "set"
+    folder.mkdir()
+    name = os.fsdecode(b"caf\xe9.pdf")
+    (folder / name).write_bytes(text_pdf([["QUARTERLY REPORT 2026", "Revenue rose to 4.2 million"]], size=22))
+    done = _eval(str(folder), "--truth", "pdf-text", "--engine", "fake", "-o", str(tmp_path / "r.json"))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert _report(tmp_path / "r.json")["operational"]["documents"]["done"] == 1
+
+
+def test_documents_a_stopped_run_did_not_read_are_left_out_of_the_scores(labelled, tmp_path):
+    """The server gone mid-run: the message said the documents not read are left out, and the report scored each
+    as an empty output (CER 1.0 over pages never read)."""
+    from servers import serve_process
+
+    proc, url = serve_process("--engine", "fake", "--model", "latency=1.5", "--no-ui",
+                              env={"HYOCR_DATA_DIR": str(tmp_path / "data")})
+    out, reads = tmp_path / "r.json", tmp_path / "r.reads"
+    run = subprocess.Popen([*HYOCR, "eval", str(labelled / "good.jsonl"), "-o", str(out), "--url", url, "--workers",
+                            "1", "--poll", "0.1", "--max-retries", "0", "--timeout", "5"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((reads / STATE).is_file() and '"status": "done"' in (reads / STATE).read_text()):
+            assert run.poll() is None and time.monotonic() < deadline, run.stderr.read() if run.poll() else "slow"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert run.wait(timeout=180) == 1
+    assert "the documents not read are left out" in run.stderr.read()
+    report = _report(out)
+    done = report["operational"]["documents"]["done"]
+    assert 1 <= done < len(IMAGES)
+    assert len(report["pages"]) == done and not any(row["error"] for row in report["pages"]), report["pages"]

@@ -275,6 +275,32 @@ async def test_a_trickling_answer_is_bounded_by_the_timeout_not_each_read():
         server.shutdown()
 
 
+def _heartbeats(out) -> None:
+    """A page stream that sends only SSE comments (a proxy's or server's keep-alive), never a page."""
+    out.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
+    for _ in range(100):
+        out.write(b": ping\n\n")
+        out.flush()
+        time.sleep(0.2)
+
+
+async def test_heartbeats_are_no_page_and_do_not_hold_the_timeout_off():
+    """The timeout bounds the wait for each page: comment lines moved it, and a dead read waited for ever."""
+    server = Raw(_heartbeats)
+    try:
+        started = time.monotonic()
+        with HyocrClient(server.url, timeout=1.0, max_retries=0) as client, pytest.raises(Timeout):
+            client.ocr(b"%PDF-1.4 fake")
+        assert time.monotonic() - started < 5.0  # ~1 s, not the 20 s of heartbeats
+        started = time.monotonic()
+        async with AsyncHyocrClient(server.url, timeout=1.0, max_retries=0) as client:
+            with pytest.raises(Timeout):
+                await client.ocr(b"%PDF-1.4 fake")
+        assert time.monotonic() - started < 5.0
+    finally:
+        server.shutdown()
+
+
 def _cut_after_one_page(out) -> None:
     page = {"object": "ocr.page", "completed": 1, "total": 2, "page": OCR_BODY["pages"][0]}
     out.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")

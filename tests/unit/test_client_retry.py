@@ -289,3 +289,22 @@ def test_a_total_timeout_bounds_a_document_read_page_by_page():
     assert default.progressed() > before  # a page came: the default's room moves with it
     fixed = state.deadline
     assert state.progressed() == fixed  # the caller's bound stays
+
+
+def test_timeouts_are_finite_numbers_of_seconds_above_zero():
+    """0 silently meant the default, a negative was httpx's "Timeout value out of range", NaN passed the
+    constructor and failed at the call, infinity an OverflowError."""
+    import math
+
+    import pytest
+
+    from hyocr.client import HyocrClient
+
+    for bad in (0, -1, math.nan, math.inf, "3", True):
+        with pytest.raises(ValueError, match="timeout must be a finite number of seconds above 0"):
+            HyocrClient(timeout=bad)
+        with pytest.raises(ValueError, match="total_timeout must be"):
+            HyocrClient(total_timeout=bad)
+    with HyocrClient("http://127.0.0.1:9") as client:
+        with pytest.raises(ValueError, match="timeout must be"):
+            client.ocr(b"x", timeout=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,12 @@ from .. import __version__
 from .calls import Call
 from .errors import APIError, error_from_response, error_from_transport
 from .retry import RetryState
+
+
+def _seconds(name: str, value: float) -> None:
+    """A timeout is a finite number of seconds above 0 (0, a negative, NaN or infinity: ValueError, said here)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds above 0, not {value!r}")
 
 
 class _Base:
@@ -23,8 +30,11 @@ class _Base:
                  timeout: float = 3.0, max_retries: int = 2, backoff: float = 0.25,
                  total_timeout: float | None = None, transport: Any = None, sleep: Any = None) -> None:
         """``transport`` (an httpx transport) and ``sleep`` let tests fake the network and the waits."""
-        if timeout <= 0 or max_retries < 0 or backoff < 0:
-            raise ValueError("timeout must be > 0, max_retries and backoff >= 0")
+        _seconds("timeout", timeout)
+        if total_timeout is not None:
+            _seconds("total_timeout", total_timeout)
+        if max_retries < 0 or backoff < 0:
+            raise ValueError("max_retries and backoff must be >= 0")
         self.base_url = base_url.rstrip("/").removesuffix("/v1")  # an OpenAI-style base URL works too
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
         self.total_timeout = total_timeout
@@ -35,6 +45,8 @@ class _Base:
         self._http = self._http_class(base_url=self.base_url, headers=self.headers, transport=transport)
 
     def _retry_state(self, call: Call) -> RetryState:
+        if call.timeout is not None:  # 0 used to mean the default, silently
+            _seconds("timeout", call.timeout)
         return RetryState(call.timeout or self.timeout, 0 if call.probe else self.max_retries,
                           self.backoff, None if call.timeout else self.total_timeout)
 

@@ -130,7 +130,7 @@ def within(chunks: Iterable[Any], deadline: float, response: httpx.Response, *, 
     for chunk in chunks:
         if time.monotonic() > deadline:
             raise httpx.ReadTimeout("no whole answer within the attempt's timeout", request=response.request)
-        if idle is not None:
+        if idle is not None and not keepalive(chunk):
             deadline = time.monotonic() + idle
             if state is not None:
                 deadline = min(deadline, state.progressed())
@@ -143,9 +143,16 @@ async def paced(lines: AsyncIterator[str], limit: Any, idle: float, state: Retry
     import asyncio
 
     async for line in lines:
-        left = min(idle, state.progressed() - time.monotonic())
-        limit.reschedule(asyncio.get_running_loop().time() + left)
+        if not keepalive(line):
+            left = min(idle, state.progressed() - time.monotonic())
+            limit.reschedule(asyncio.get_running_loop().time() + left)
         yield line
+
+
+def keepalive(line: Any) -> bool:
+    """An SSE comment (``: ping``, a proxy's heartbeat) or the blank line ending an event: no progress, so it does
+    not move the wait for the next page (a heartbeat every few seconds kept a dead read waiting for ever)."""
+    return isinstance(line, str) and (not line.strip() or line.startswith(":"))
 
 
 def whole(raw: Iterable[bytes], response: httpx.Response) -> httpx.Response:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..cli_args import seconds, server_url
 from . import EvalError
 
 TRUTHS = ("manifest", "omnidocbench", "pdf-text")
@@ -47,10 +48,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--omnidocbench-pdfs", dest="omnidocbench_pdfs", action="store_true",
                    help="OmniDocBench: read its pdfs/ (the same pages as PDF) instead of images/")
     p.add_argument("--label", help="name of this run in reports")
-    p.add_argument("--url", help="read through a running hyocr server's jobs API instead of in-process")
+    p.add_argument("--url", type=server_url, help="read through a running hyocr server's jobs API instead of in-process")
     p.add_argument("--api-key", dest="api_key", help="--url: the server's key (or HYOCR_CLIENT_API_KEY)")
-    p.add_argument("--timeout", type=float, default=60.0, help="--url: seconds per request attempt")
-    p.add_argument("--poll", type=float, default=1.0, help="--url: seconds between looks at a job")
+    p.add_argument("--timeout", type=seconds, default=60.0, help="--url: seconds per request attempt")
+    p.add_argument("--poll", type=seconds, default=1.0, help="--url: seconds between looks at a job")
     p.add_argument("--engine", metavar="NAME", help="in-process: the engine (default HYOCR_ENGINE, rapidocr)")
     p.add_argument("--model", help="in-process: the model id or path")
     p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE",
@@ -109,6 +110,22 @@ def _check_destinations(*paths: str | Path | None, inputs: tuple[str | Path, ...
         raise EvalError(f"--plot {plot}: a {', '.join(PLOT_FORMATS)} file")
 
 
+def _reads_folder(output: Path, reads: Path | None) -> Path:
+    """The results and resume state: --reads, or REPORT.reads beside a report file. A report written to a device
+    or pipe (-o /dev/stdout) has no folder beside it to take (it would be made in /dev)."""
+    from .report import is_stream
+
+    if reads is None:
+        if is_stream(output):
+            raise EvalError(f"{output}: not a file (a device or pipe); give --reads DIR for the documents' results "
+                            "and the resume state")
+        reads = output.with_suffix(".reads")
+    if reads.resolve() == output.resolve():
+        raise EvalError(f"{output}: the report and the reads folder would be one path; name the report otherwise "
+                        "or give --reads DIR")
+    return reads
+
+
 def _settings(args: argparse.Namespace):
     from ..bench import BenchError
     from ..bench.server import parse_sets
@@ -141,6 +158,7 @@ def run_main(args: argparse.Namespace) -> int:
         raise EvalError("--workers and --limit must be >= 1, --max-retries >= 0")
     output = Path(args.output)
     _check_destinations(output, args.markdown, inputs=(args.set,), plot=args.plot)
+    reads = _reads_folder(output, args.reads)  # before anything is read
     metrics.require()
     if args.plot:
         plot.require_matplotlib()
@@ -157,7 +175,7 @@ def run_main(args: argparse.Namespace) -> int:
         check_pages(args.pages)
     except HyocrError as exc:
         raise EvalError(exc.message) from None
-    job = Job(args.set, output, args.reads or output.with_suffix(".reads"), defaults, settings, truth=args.truth,
+    job = Job(args.set, output, reads, defaults, settings, truth=args.truth,
               url=args.url, api_key=args.api_key or os.environ.get("HYOCR_CLIENT_API_KEY"), timeout=args.timeout,
               poll=args.poll, workers=args.workers, max_retries=args.max_retries, fold_case=args.fold_case,
               label=args.label, limit=args.limit, omnidocbench_pdfs=args.omnidocbench_pdfs,
@@ -169,7 +187,8 @@ def run_main(args: argparse.Namespace) -> int:
     report.write_text(args.markdown, text)
     if args.plot:
         plot.plot([(report.run_name(doc), doc)], args.plot)
-    print(text)
+    # -o /dev/stdout: stdout is the report's, whole JSON; the summary goes to stderr
+    print(text, file=sys.stderr if report.is_stdout(output) else sys.stdout)
     ops = doc["operational"]
     if not doc["scores"] and ops["documents"]["done"]:  # read, but no truth of a kind its task outputs
         print("hyocr eval: nothing was scored: no page's truth is of a kind its task outputs (text and blocks: "
@@ -190,6 +209,10 @@ def _evaluate(evaluate: Any, job: Any) -> dict[str, Any]:
     setup_logging("warning", "text")
     try:
         return asyncio.run(evaluate(job))
+    except KeyboardInterrupt:  # the documents read are kept in the reads folder
+        print(f"hyocr eval: interrupted; run the same command again to resume ({job.reads} keeps what was read)",
+              file=sys.stderr)
+        raise
     except SettingsError as exc:  # the engine: unknown, its extra not installed, a setting it needs
         raise EvalError(str(exc)) from None
     except HyocrError as exc:  # the engine could not start

@@ -66,7 +66,7 @@ def _looks_like_pages(path: Path) -> bool:
             head = f.read(4096)
     except OSError:
         return False
-    return head.lstrip().startswith(b"[") and b"layout_dets" in head
+    return head.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"[") and b"layout_dets" in head
 
 
 def load(path: Path, defaults: Mapping[str, Any], *, use_pdfs: bool = False,
@@ -76,7 +76,7 @@ def load(path: Path, defaults: Mapping[str, Any], *, use_pdfs: bool = False,
     if annotations is None:
         raise EvalError(f"{path}: no OmniDocBench annotations (OmniDocBench.json) there")
     try:
-        pages = json.loads(annotations.read_text(encoding="utf-8"))
+        pages = json.loads(annotations.read_text(encoding="utf-8-sig"))  # a BOM, as manifests take
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise EvalError(f"{annotations}: not an OmniDocBench annotation file ({exc})") from None
     if not isinstance(pages, list):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -147,19 +148,44 @@ def markdown(doc: Mapping[str, Any]) -> str:
 
 
 def write_json(doc: Mapping[str, Any], path: Path) -> None:
+    """The report, replacing a file whole (through a temp file); a device or pipe (``-o /dev/stdout``) is
+    written through, never replaced, and a symbolic link's target is written, not the link."""
     from ..batch.state import write_atomic
+    from ..jobs.codec import json_text
 
     try:
-        write_atomic(path, doc)
+        if is_stream(path):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(json_text(doc, indent=1) + "\n")
+        else:
+            write_atomic(Path(os.path.realpath(path)), doc)
     except OSError as exc:
         raise EvalError(f"{path}: {exc.strerror or exc}") from None
+
+
+def is_stream(path: str | Path) -> bool:
+    """``path`` exists and is not a regular file (a device, a FIFO, /dev/stdout), following links."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:  # not there (yet): a file to create
+        return False
+
+
+def is_stdout(path: str | Path) -> bool:
+    """``path`` is where this process's standard output goes (/dev/stdout, or the file it was redirected to)."""
+    try:
+        mine, there = os.fstat(sys.stdout.fileno()), os.stat(path)
+    except (OSError, ValueError, AttributeError):  # no stdout, or nothing at path
+        return False
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
 
 def write_text(path: str | Path | None, text: str) -> None:
     if not path:
         return
     try:
-        Path(path).write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+        Path(path).write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8",
+                              errors="backslashreplace")  # a file name that is not UTF-8 (PEP 383)
     except OSError as exc:
         raise EvalError(f"{path}: {exc.strerror or exc}") from None
 

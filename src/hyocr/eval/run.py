@@ -168,6 +168,12 @@ async def evaluate(job: Job) -> dict[str, Any]:
     from ..batch.state import StateFile, clean_temps
 
     loaded = await load_set(job)
+    if not job.url:  # before the engine loads: a task it cannot run (rapidocr and extraction) is refused now
+        from ..batch.local import check_engine_task
+        from ..hunyuan.prompts import parse_task
+
+        for task in sorted({s.task for s in loaded.samples} | {job.defaults.get("task") or "spotting"}):
+            check_engine_task(parse_task(task), job.settings)
     target = target_of(job)
     claim_reads(job.reads, target)
     try:
@@ -192,7 +198,7 @@ def run_key(loaded: LoadedSet, job: Job) -> str:
     """Which report a run's reading time belongs to: the same documents, truth and read options (a reads
     folder read once with pages 17-22 and then 17-20 timed the second report over both runs' pages)."""
     text = json.dumps([loaded.fingerprint(), job.defaults], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def drop_damaged(reads: Path, documents: list[Any]) -> None:
@@ -219,7 +225,7 @@ def record_run(reads: Path, summary: Mapping[str, Any], key: str) -> list[dict[s
         f.flush()
         os.fsync(f.fileno())
     runs = []
-    for text in path.read_text(encoding="utf-8").splitlines():
+    for text in path.read_text(encoding="utf-8", errors="replace").splitlines():  # a damaged line is skipped
         with contextlib.suppress(ValueError, TypeError):
             runs.append(dict(json.loads(text)))
     return [run for run in runs if run.get("key") == key]
@@ -231,6 +237,8 @@ def build_report(job: Job, loaded: LoadedSet, batch: Any, summary: Mapping[str, 
     for sample in loaded.samples:
         item = batch.items[sample.document.key]
         body = None
+        if item.status == "pending":  # not read: the run stopped (a server gone, Ctrl-C) before it; left out of
+            continue  # the scores, never scored as an empty output (documents.done < total says the report is partial)
         if item.status == "done":
             try:
                 body = json.loads((job.reads / item.output).read_text(encoding="utf-8"))

@@ -72,7 +72,8 @@ class LoadedSet:
         digest = hashlib.sha256()
         for s in self.samples:
             digest.update(json.dumps([s.document.rel, dict(s.document.overrides), [asdict(t) for t in s.truths],
-                                      s.schema], sort_keys=True, ensure_ascii=False, default=list).encode())
+                                      s.schema], sort_keys=True, ensure_ascii=False, default=list)
+                          .encode("utf-8", "surrogatepass"))  # a file name that is not UTF-8 (os.fsdecode's escapes)
         return digest.hexdigest()[:16]
 
 
