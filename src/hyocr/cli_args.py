@@ -20,12 +20,27 @@ def seconds(text: str) -> float:
 
 
 def server_url(text: str) -> str:
-    """An http(s) base URL with a host and a valid port; a trailing /v1 (an OpenAI-style base) is dropped."""
+    """An http(s) base URL with a host and a port in 1-65535 (or none), no credentials, query or fragment; a
+    trailing /v1 (an OpenAI-style base) is dropped from its path."""
+    import httpx
+
+    def refuse(why: str) -> argparse.ArgumentTypeError:
+        return argparse.ArgumentTypeError(f"{why}; expected http://HOST:PORT or https://HOST:PORT")
+
+    text = text.strip()
     try:
-        parts = urllib.parse.urlsplit(text.strip())
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0-65535
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port  # ValueError for a port that is not a number in 0-65535
+        httpx.URL(text)  # what the client will build from it (e.g. "http://[::1]x:80" passes urlsplit)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise refuse(str(exc)) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected http://HOST:PORT or https://HOST:PORT")
-    return text.strip().rstrip("/").removesuffix("/v1")
+        raise refuse("not an http(s) address")
+    if port == 0 or parts.netloc.endswith(":"):
+        raise refuse("no port")
+    if parts.username is not None or parts.password is not None:
+        raise refuse("credentials in the URL (give the key with --api-key)")
+    if parts.query or parts.fragment:
+        raise refuse("a query or fragment in a base URL")
+    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))

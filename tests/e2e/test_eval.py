@@ -316,6 +316,13 @@ def test_a_report_to_a_device_or_through_a_link_leaves_the_node_and_the_link(tmp
     done = _eval(manifest, "-o", "/dev/stdout", "--reads", str(tmp_path / "out.reads"), "--engine", "fake")
     assert done.returncode == 0 and json.loads(done.stdout)["object"] == "hyocr.eval.report", done.stdout[-300:]
     assert "| family | metric |" in done.stderr  # the summary is not mixed into the JSON
+    log = tmp_path / "app.log"  # stdout appending to a log: the report is appended, the log kept
+    log.write_text("previous log line\n")
+    with log.open("a") as appended:
+        subprocess.run([*HYOCR, "eval", manifest, "-o", "/dev/stdout", "--reads", str(tmp_path / "log.reads"),
+                        "--engine", "fake"], stdout=appended, stderr=subprocess.DEVNULL, timeout=300, check=True)
+    head, _, report = log.read_text().partition("\n")
+    assert head == "previous log line" and json.loads(report)["object"] == "hyocr.eval.report"
     (tmp_path / "real.json").write_text("{}")
     (tmp_path / "latest.json").symlink_to(tmp_path / "real.json")
     done = _eval(manifest, "-o", str(tmp_path / "latest.json"), "--engine", "fake")

@@ -12,11 +12,13 @@ from hyocr.cli import build_parser
 @pytest.mark.parametrize("command", [
     ["ocr", "a.png", "--url"], ["batch", "a.png", "-o", "out", "--url"], ["bench", "--url"]])
 @pytest.mark.parametrize("url", ["http://localhost:800O", "http://[::1", "http://localhost:80000", "localhost:8000",
-                                 "ftp://host", "http://"])
+                                 "ftp://host", "http://", "http://[::1]x:80", "http://h:0", "http://h:",
+                                 "http://user:secret@h:8000", "http://h:8000/?q=1"])
 def test_a_url_that_is_no_server_address_is_refused(command, url, capsys):
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args([*command, url])
-    assert info.value.code == 2 and "argument --url" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "argument --url" in err and "secret" not in err
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://127.0.0.1:8000/", "http://127.0.0.1:8000/v1",
@@ -24,6 +26,8 @@ def test_a_url_that_is_no_server_address_is_refused(command, url, capsys):
 def test_a_server_url_is_its_base_whatever_way_it_is_written(url):
     assert build_parser().parse_args(["ocr", "a.png", "--url", url]).url == "http://127.0.0.1:8000"
     assert build_parser().parse_args(["bench", "--url", "https://ocr.example.com/v1"]).url == "https://ocr.example.com"
+    assert build_parser().parse_args(["bench", "--url", "http://v1"]).url == "http://v1"  # a host named v1
+    assert build_parser().parse_args(["bench", "--url", "http://[::1]:8/ocr/v1/"]).url == "http://[::1]:8/ocr"
 
 
 @pytest.mark.parametrize("option", ["--timeout", "--poll"])

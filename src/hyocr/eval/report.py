@@ -148,13 +148,18 @@ def markdown(doc: Mapping[str, Any]) -> str:
 
 
 def write_json(doc: Mapping[str, Any], path: Path) -> None:
-    """The report, replacing a file whole (through a temp file); a device or pipe (``-o /dev/stdout``) is
-    written through, never replaced, and a symbolic link's target is written, not the link."""
+    """The report, replacing a file whole (through a temp file); standard output, a descriptor (/dev/fd/N), a
+    device or a pipe is written through, never replaced (as root, a rename over -o /dev/stdout replaced the node
+    for the whole machine; over stdout's file, the log it appended to), and a link's target is written."""
     from ..batch.state import write_atomic
     from ..jobs.codec import json_text
 
     try:
-        if is_stream(path):
+        fd = _descriptor(path)
+        if fd is not None:
+            with os.fdopen(os.dup(fd), "w", encoding="utf-8") as f:  # O_APPEND and the rest as the shell opened it
+                f.write(json_text(doc, indent=1) + "\n")
+        elif is_stream(path):
             with open(path, "w", encoding="utf-8") as f:
                 f.write(json_text(doc, indent=1) + "\n")
         else:
@@ -163,8 +168,25 @@ def write_json(doc: Mapping[str, Any], path: Path) -> None:
         raise EvalError(f"{path}: {exc.strerror or exc}") from None
 
 
+def _descriptor(path: str | Path) -> int | None:
+    """The open descriptor ``path`` names: /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N, or any path to
+    the file standard output goes to."""
+    text = os.path.abspath(path)
+    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}.get(text)
+    if named is not None:
+        return named
+    for prefix in ("/dev/fd/", "/proc/self/fd/"):
+        if text.startswith(prefix) and text[len(prefix):].isascii() and text[len(prefix):].isdigit():
+            return int(text[len(prefix):])
+    return 1 if is_stdout(path) else None
+
+
 def is_stream(path: str | Path) -> bool:
-    """``path`` exists and is not a regular file (a device, a FIFO, /dev/stdout), following links."""
+    """Not a file to replace: an open descriptor's name (/dev/stdout, /dev/fd/N), or a path that exists and is not
+    a regular file (a device, a FIFO), following links."""
+    text = os.path.abspath(path)
+    if text in ("/dev/stdin", "/dev/stdout", "/dev/stderr") or text.startswith(("/dev/fd/", "/proc/self/fd/")):
+        return True
     try:
         return not stat.S_ISREG(os.stat(path).st_mode)
     except OSError:  # not there (yet): a file to create
@@ -173,6 +195,8 @@ def is_stream(path: str | Path) -> bool:
 
 def is_stdout(path: str | Path) -> bool:
     """``path`` is where this process's standard output goes (/dev/stdout, or the file it was redirected to)."""
+    if os.path.abspath(path) == "/dev/stdout":
+        return True
     try:
         mine, there = os.fstat(sys.stdout.fileno()), os.stat(path)
     except (OSError, ValueError, AttributeError):  # no stdout, or nothing at path
