@@ -130,3 +130,41 @@ def test_a_port_in_use_fails_before_the_engine_loads_and_a_loading_server_refuse
     finally:
         first.kill()
         first.wait(timeout=30)
+
+
+def test_a_port_taken_while_the_engine_loads_fails_the_start(tmp_path):
+    """Bound but not listening while its engine loads, the port can be taken by a program that binds with
+    SO_REUSEADDR (another server on 0.0.0.0, say): uvloop then served nothing, silently. Exit 3, saying why."""
+    import os
+    import socket
+    import time
+
+    from servers import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([*HYOCR, "serve", "--engine", "fake", "--model", "start_delay=4", "--no-ui", "--port",
+                             str(port)], env={**os.environ, "HYOCR_DATA_DIR": str(tmp_path / "data")},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    intruder = socket.socket()
+    try:
+        intruder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        deadline = time.monotonic() + 30
+        while True:  # a plain bind fails once hyocr holds the port
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    break
+            assert time.monotonic() < deadline and proc.poll() is None, "hyocr did not take its port"
+            time.sleep(0.05)
+        intruder.bind(("127.0.0.1", port))
+        intruder.listen()
+        assert proc.wait(timeout=60) == 3
+        output = proc.stdout.read()
+        assert f"cannot listen on 127.0.0.1:{port}" in output and "Traceback" not in output, output
+        assert "Uvicorn running" not in output
+    finally:
+        intruder.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)

@@ -247,12 +247,12 @@ def test_callers_take_turns_in_the_admission_queue(fake_server_factory):
         return 0.0
 
     with ThreadPoolExecutor(8) as pool:
-        alice = [pool.submit(ocr, "alice") for _ in range(6)]  # one in the engine, five waiting
+        alice = [pool.submit(ocr, "alice") for _ in range(5)]  # one in the engine, four waiting
         deadline = time.monotonic() + 30
-        while queue_length() < 5:
+        while queue_length() < 4:
             assert time.monotonic() < deadline, "alice's requests were not queued"
             time.sleep(0.02)
-        refused = ocr("alice")  # a caller holds at most three quarters of the queue's six places
+        refused = ocr("alice")  # a caller holds at most three quarters of the queue's six places (four)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "overloaded", refused.text
         finished.remove("alice")
         bob = pool.submit(ocr, "bob")

@@ -127,3 +127,41 @@ def test_a_caller_giving_up_leaves_the_turns_and_counts_right():
         assert admission.in_flight == 0 and admission.waiting == 0
 
     asyncio.run(scenario())
+
+
+def test_a_gone_waiter_at_the_head_of_a_line_does_not_cost_its_caller_the_turn():
+    async def scenario():
+        admission = Admission(max_concurrency=1, max_queue=16)
+        held = await admission.acquire("alice")
+        order: list[str] = []
+        gone = asyncio.ensure_future(admission.acquire("alice"))
+        await asyncio.sleep(0)
+        waiting = [asyncio.ensure_future(_queued(admission, caller, order, tag))
+                   for caller, tag in (("alice", "a2"), ("bob", "b1"), ("bob", "b2"))]
+        await asyncio.sleep(0)
+        gone.cancel()  # its task has not run yet: still at the head of alice's line when the slot comes free
+        held.release()
+        await asyncio.gather(*waiting)
+        assert order == ["a2", "b1", "b2"]
+        assert admission.in_flight == 0 and admission.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_small_queues_keep_a_place_for_other_callers():
+    assert [Admission(1, q).caller_places() for q in (1, 2, 3, 4, 5, 8, 256)] == [1, 1, 2, 3, 3, 6, 192]
+
+
+def test_a_ticket_collected_unreleased_frees_its_slot_on_the_loop():
+    """Freed inside a collection that ran in acquire() (between its look for a free slot and its place in the
+    queue), the slot waited unused behind the new waiter for the whole QUEUE_TIMEOUT: it is freed on the loop."""
+    async def scenario():
+        admission = Admission(max_concurrency=1, max_queue=4, max_wait=5)
+        ticket = await admission.acquire("alice")
+        del ticket  # collected at once (no cycle): the release is scheduled, not run here
+        assert admission.in_flight == 1
+        waiter = asyncio.ensure_future(admission.acquire("bob"))
+        (await asyncio.wait_for(waiter, 1)).release()  # the scheduled release hands bob the slot
+        assert admission.in_flight == 0 and admission.waiting == 0
+
+    asyncio.run(scenario())

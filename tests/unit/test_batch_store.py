@@ -345,6 +345,27 @@ def test_a_batch_cancelled_after_its_validation_died_half_way_answers_every_line
         errors = b"".join([p async for p in files.parts(ended.error_file_id)]).decode().splitlines()
         assert [(json.loads(e)["custom_id"], json.loads(e)["error"]["code"]) for e in errors] == [
             (f"c{n}", "batch_cancelled") for n in range(1, 11)]
+
+        # What would fail a validation does not turn the cancel into a failure: a duplicate custom_id is listed,
+        # and an input deleted since leaves the lines the dead validation stored.
+        async def twice():
+            yield b'{"custom_id": "same", "method": "POST", "url": "/v1/ocr", "body": {}}\n' * 2
+
+        for gone in (False, True):
+            uploaded = await files.write(owner="alice", filename="dup.jsonl", purpose="batch", parts=twice(),
+                                         expires_at=None, count_lines=True)
+            batch = await store.create(owner="alice", endpoint="/v1/ocr", input_file_id=uploaded.id,
+                                       completion_window="24h", metadata=None, output_uri=None,
+                                       output_expires_after=None, window=86400)
+            assert (await store.claim_batch("dead")).id == batch.id
+            await store.add_lines(batch.id, [{"n": 1, "custom_id": "same", "request": b"{}"}])
+            assert await store.cancel("alice", batch.id)
+            await store.release_batch(batch.id, "dead")
+            if gone:
+                assert await files.delete("alice", uploaded.id)
+            await runner._whole(await store.claim_batch("r"))
+            ended = await store.get("alice", batch.id)
+            assert (ended.status, ended.total, ended.failed) == ("cancelled", 1 if gone else 2, 1 if gone else 2)
     _run(go, tmp_path)
 
 

@@ -166,15 +166,13 @@ class BatchRunner:
 
         holding = asyncio.create_task(hold())
         later = 0.0  # seconds before another try may claim it (a failure's backoff)
-        # A batch cancelled before its validation finished (a crash cut it short: total still 0) has its lines
-        # read first, so that each is answered; the lines a dead validation stored are not all of them.
-        validating = batch.status == "validating" or (batch.status == "cancelling" and not batch.total)
+        validating = batch.status == "validating"
         try:
             if validating:
                 await self._validate(batch)
-                if batch.status == "cancelling" and (await self.store.get(None, batch.id)).status == "cancelling":
-                    await self._finalize(batch.id)
             else:
+                if batch.status == "cancelling" and not batch.total:  # its validation never finished
+                    await self._list_cancelled(batch)
                 if batch.status == "in_progress":
                     ending = "expired" if batch.expires_at <= time.time() else "completed"
                     await self.store.begin_finalizing(batch.id, self.replica, ending)
@@ -237,6 +235,32 @@ class BatchRunner:
         elif await self.store.start(batch.id, self.replica, numbers=numbers,
                                     chunk_lines=self.settings.job_range_pages):
             log.info("batch %s in progress: %d requests", batch.id, len(numbers))
+
+    async def _list_cancelled(self, batch: BatchRecord) -> None:
+        """The lines of a batch cancelled after a crash cut its validation short (the dead validation stored only
+        some): read from the input again, each stored closed, batch_cancelled (a bad line as its own error), so
+        that every line comes back. None is run or kept as a request; nothing fails the batch (a duplicate
+        custom_id, the caller's bytes). An input that cannot be read now (deleted, the store down) leaves the
+        lines the dead validation stored: the cancel is not held back for it."""
+        code, message = _ENDINGS["cancelled"]
+        limit, rows = line_max_bytes(self.settings), []
+        try:
+            if is_object_uri(batch.input_file_id) or await self.files.get(batch.owner, batch.input_file_id):
+                async for n, raw in split_lines(self._input(batch), limit):
+                    if len(rows) >= self.settings.batch_max_lines:
+                        break
+                    line = parse_line(n, raw, batch.endpoint, limit)
+                    why = line.error[:2] if line.error is not None else (code, message)
+                    rows.append({"n": n, "custom_id": line.custom_id, "status_code": 0,
+                                 "answer": error_line(line.custom_id, *why)})
+        except HyocrError as exc:
+            log.warning("batch %s: cancelled, and its input cannot be read now (%s): its lines as they were stored",
+                        batch.id, exc.message)
+            return
+        if rows:
+            await self.store.reset_lines(batch.id)
+            for start in range(0, len(rows), 1000):
+                await self.store.add_lines(batch.id, rows[start:start + 1000])
 
     async def _take(self, batch: BatchRecord, n: int, raw: bytes | None, numbers: list[int],
                     seen: dict[str, int], errors: list[dict], rows: list[dict]) -> bool:

@@ -167,8 +167,9 @@ class Batches:
         self.objects = objects
         self.settings = settings
         self.wake = None  # the runner's wake event, set by Jobs
-        # One create at a time per caller: the caps are counted, then the batch stored (creates sent together
-        # each passed the count otherwise: 5 active batches under a cap of 2)
+        # One create at a time per caller in this process: the caps are counted, then the batch stored (creates
+        # sent together each passed the count otherwise: 5 active batches under a cap of 2). Several API processes
+        # or replicas can still each pass it once, as job submits can (jobs/service.py).
         self._creating: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def create(self, owner: str, *, input_file_id: str, endpoint: str, completion_window: str,

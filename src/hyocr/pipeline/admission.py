@@ -14,6 +14,7 @@ auth every request is one anonymous caller's: the queue is first come, first ser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 
@@ -39,15 +40,18 @@ class Admission:
         return self._waiting
 
     def caller_places(self) -> int:
-        """The most places one identified caller may hold in the queue."""
-        return max(1, self.max_queue - self.max_queue // 4)
+        """The most places one identified caller may hold in the queue: three quarters (rounded down), and always
+        one fewer than all where there are two or more (a process's share of MAX_QUEUE may be 2 or 3)."""
+        if self.max_queue <= 1:
+            return 1
+        return max(1, min(self.max_queue - 1, 3 * self.max_queue // 4))
 
     async def acquire(self, caller: str | None = None) -> Ticket:
         """A slot for ``caller`` (None: an anonymous request), now or after its turn in the queue."""
         if self.in_flight < self.max_concurrency and not self._waiting:
             self.in_flight += 1
             self._changed()
-            return Ticket(self)
+            return Ticket(self, asyncio.get_running_loop())
         line = self._lines.get(caller)
         if self._waiting >= self.max_queue or (
                 caller is not None and line is not None and len(line) >= self.caller_places()):
@@ -72,7 +76,7 @@ class Admission:
         except BaseException:
             self._give_up(caller, waiter)
             raise
-        return Ticket(self)
+        return Ticket(self, asyncio.get_running_loop())
 
     def _give_up(self, caller: str | None, waiter: asyncio.Future) -> None:
         line = self._lines.get(caller)
@@ -89,14 +93,18 @@ class Admission:
         while self._lines:
             caller = next(iter(self._lines))
             line = self._lines.pop(caller)
+            while line and line[0].done():  # gone (cancelled, timed out) before its task could leave the line
+                line.popleft()
+                self._waiting -= 1
+            if not line:  # nobody live in this line: the next caller's turn, this one's kept
+                continue
             waiter = line.popleft()
             self._waiting -= 1
             if line:
                 self._lines[caller] = line  # back of the turn order
-            if not waiter.done():
-                waiter.set_result(None)  # the slot moves to the next waiter; in_flight unchanged
-                self._changed()
-                return
+            waiter.set_result(None)  # the slot moves to the next waiter; in_flight unchanged
+            self._changed()
+            return
         self.in_flight -= 1
         self._changed()
 
@@ -108,10 +116,11 @@ class Admission:
 class Ticket:
     """One admitted request's slot. ``release`` is idempotent (streams end in several ways)."""
 
-    __slots__ = ("_admission", "_released")
+    __slots__ = ("_admission", "_loop", "_released")
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, loop: asyncio.AbstractEventLoop) -> None:
         self._admission = admission
+        self._loop = loop
         self._released = False
 
     def release(self) -> None:
@@ -120,9 +129,14 @@ class Ticket:
             self._admission._release_slot()
 
     def __del__(self) -> None:
-        # Safety net: a stream that was admitted but never iterated (client gone before the first
-        # byte) still gives its slot back when it is collected.
-        self.release()
+        # Safety net: a stream that was admitted but never iterated (client gone before the first byte) still
+        # gives its slot back when it is collected. Later, on the loop: a collection can run inside acquire()
+        # between its look for a free slot and its place in the queue (or on another thread), where a slot freed
+        # at once would wait unused behind the new waiter.
+        if not self._released:
+            self._released = True
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing waits on it any more
+                self._loop.call_soon_threadsafe(self._admission._release_slot)
 
     async def __aenter__(self) -> Ticket:
         return self

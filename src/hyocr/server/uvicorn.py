@@ -14,15 +14,20 @@
 from __future__ import annotations
 
 import json
+import logging
+import socket
+import sys
 import uuid
 from typing import TYPE_CHECKING
 
 import uvicorn
+from uvicorn.server import STARTUP_FAILURE
 
 if TYPE_CHECKING:
     from ..api.serving import Drain
     from ..config import Settings
 
+log = logging.getLogger("uvicorn.error")  # beside uvicorn's own start and stop lines
 # uvicorn cancels what is left this long after DRAIN_TIMEOUT (the app answers at DRAIN_TIMEOUT).
 SHUTDOWN_GRACE = 2.0
 # A request line and headers: nginx allows 4 x 8 KiB, h11 16 KiB; room for long JWTs and proxies' headers.
@@ -59,14 +64,46 @@ class Server(uvicorn.Server):
         self.drain = drain
 
     async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
-        await super().startup(sockets=sockets)
-        if sockets is not None and self.started:  # uvicorn names the address only of a socket it opened itself
-            self._log_started_message(sockets)
+        """uvicorn's start-up; with sockets handed over (bound before the engine loaded, listened to now), a
+        socket that is not listening afterwards is a failed start: another program that binds with
+        SO_REUSEADDR can take the port while the engine loads, and uvloop's create_server then returns with
+        no socket, silently (the stdlib loop raises)."""
+        failure: OSError | None = None
+        where = _address(sockets[0]) if sockets else ""  # now: uvloop may have let go of a socket it failed on
+        try:
+            await super().startup(sockets=sockets)
+        except OSError as exc:
+            failure = exc
+        if sockets is None:
+            return
+        if failure is not None or not all(_listening(sock) for sock in sockets):
+            log.error("cannot listen on %s: %s", where,
+                      failure.strerror if failure else "another program took the port while the engine loaded")
+            await self.lifespan.shutdown()
+            sys.exit(STARTUP_FAILURE)
+        if self.started:  # uvicorn names the address only of a socket it opened itself
+            log.info("Uvicorn running on %s://%s (Press CTRL+C to quit)", "https" if self.config.ssl else "http",
+                     where)
 
     async def shutdown(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         if self.drain is not None:
             self.drain.begin()
         await super().shutdown(sockets=sockets)
+
+
+def _listening(sock: socket.socket) -> bool:
+    try:
+        return bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+    except OSError:
+        return False
+
+
+def _address(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getsockname()[:2]
+    except OSError:
+        return "its socket"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 # ---------------------------------------------------------------- malformed HTTP as JSON
