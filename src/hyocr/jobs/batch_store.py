@@ -145,8 +145,7 @@ class BatchStore:
                 batches.c.owner == owner, batches.c.status.in_(ACTIVE))) or 0)
 
     async def held_bytes(self, owner: str) -> tuple[int, list[str]]:
-        """(the request bytes the owner's active batches hold in their open lines, the inputs of those still
-        validating, whose lines are not all stored yet)."""
+        """(the owner's active batches' request bytes in open lines, the inputs of those still validating)."""
         active = and_(batches.c.owner == owner, batches.c.status.in_(ACTIVE))
         async with self.engine.connect() as db:
             held = await db.scalar(select(func.coalesce(func.sum(func.length(batch_lines.c.request)), 0)).where(
@@ -234,8 +233,7 @@ class BatchStore:
             begun = await db.execute(update(batches).where(
                 batches.c.id == batch_id, batches.c.claimed_by == replica, batches.c.status == "validating")
                 .values(status="in_progress", in_progress_at=now, total=len(numbers)))
-            if not begun.rowcount:  # cancelled meanwhile: its lines are all stored, which total records (the
-                # finalizer answers them; a batch cancelled with total 0 is read again first, see BatchRunner)
+            if not begun.rowcount:  # cancelled meanwhile: total says its lines are all stored (BatchRunner)
                 await db.execute(update(batches).where(
                     batches.c.id == batch_id, batches.c.claimed_by == replica, batches.c.status == "cancelling")
                     .values(total=len(numbers)))
@@ -321,9 +319,8 @@ class BatchStore:
     async def claim_chunk(self, replica: str) -> ChunkClaim | None:
         """The next chunk to run, held for ``lease`` seconds: pending, or held by a replica that stopped
         renewing; of a batch in progress whose window has not passed. The batch with the fewest chunks
-        running goes first (then the oldest): a 3-line batch is not queued behind a 50,000-line one; before
-        that, the owner with the fewest chunks running, so that one caller's several batches do not hold another's
-        back."""
+        running goes first (then the oldest): a 3-line batch is not queued behind a 50,000-line one; before that,
+        the owner with the fewest running (one caller's several batches do not hold another's back)."""
         now = time.time()
         claimable = or_(batch_chunks.c.state == "pending",
                         and_(batch_chunks.c.state == "running", batch_chunks.c.lease_until < now))
@@ -332,9 +329,8 @@ class BatchStore:
             held.c.batch_id == batch_chunks.c.batch_id, held.c.state == "running", held.c.lease_until >= now)
             .scalar_subquery())
         mine, theirs = batch_chunks.alias("mine"), batches.alias("theirs")
-        owner_running = (select(func.count()).select_from(mine.join(theirs, theirs.c.id == mine.c.batch_id)).where(
-            theirs.c.owner == batches.c.owner, mine.c.state == "running", mine.c.lease_until >= now)
-            .scalar_subquery())
+        owner_running = select(func.count()).select_from(mine.join(theirs, theirs.c.id == mine.c.batch_id)).where(
+            theirs.c.owner == batches.c.owner, mine.c.state == "running", mine.c.lease_until >= now).scalar_subquery()
         query = (select(batch_chunks.c.id).join(batches, batches.c.id == batch_chunks.c.batch_id)
                  .where(claimable, batch_chunks.c.not_before <= now, batches.c.status == "in_progress",
                         batches.c.expires_at > now)
@@ -388,8 +384,7 @@ class BatchStore:
 
     async def counts(self) -> dict[str, int]:
         async with self.engine.connect() as db:
-            rows = (await db.execute(select(batches.c.status, func.count()).group_by(batches.c.status))).all()
-        return {status: n for status, n in rows}
+            return dict((await db.execute(select(batches.c.status, func.count()).group_by(batches.c.status))).all())
 
 
 async def _chunk(db, chunk_id: int) -> ChunkClaim:
