@@ -319,6 +319,14 @@ def test_batches_created_together_stay_within_the_callers_caps(fake_server_facto
     assert "too_many_batch_bytes" in refused
     listed = requests.get(f"{server.url}/v1/batches", headers=ALICE, timeout=10).json()["data"]
     assert [b["id"] for b in listed] == [made[0].json()["id"]]
+    # An upload counts the running batch's copy too (its lines copied: in progress).
+    batch_id = made[0].json()["id"]
+    deadline = time.monotonic() + 30
+    while requests.get(f"{server.url}/v1/batches/{batch_id}", headers=ALICE, timeout=10).json()["status"] != \
+            "in_progress":
+        assert time.monotonic() < deadline, "the batch did not start"
+        time.sleep(0.05)
+    _is_error(_upload(server.url, data[:int(len(data) * 0.8)]), 429, "too_many_file_bytes")
     # Bob's room is his own.
     bobs = _upload(server.url, data, headers=BOB).json()["id"]
     assert _create(server.url, bobs, headers=BOB).status_code == 200

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -26,6 +26,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from ..errors import InvalidRequest, NotFound, PayloadTooLarge, RateLimited
 from . import paging
 from .schema import file_parts, files
+
+if TYPE_CHECKING:
+    from .batch_store import BatchStore
 
 PART = 4 * 1024 * 1024
 PURPOSES = ("batch",)  # what a caller may upload; a batch's own files are "batch_output"
@@ -219,9 +222,15 @@ class FileStore:
 class Files:
     """What the /v1/files routes call: uploads checked against the caps, reads and deletes by owner."""
 
-    def __init__(self, store: FileStore, settings) -> None:
+    def __init__(self, store: FileStore, settings, batches: BatchStore | None = None) -> None:
         self.store = store
         self.settings = settings
+        self.batches = batches
+
+    async def _held(self, owner: str) -> int:
+        """The caller's files, and the requests its running batches copied from their inputs (batches.py)."""
+        copied = (await self.batches.held_bytes(owner))[0] if self.batches is not None else 0
+        return await self.store.stored(owner) + copied
 
     async def upload(self, owner: str, *, filename: str, purpose: str, size: int, parts: AsyncIterator[bytes],
                      expires_after: int | None) -> FileRecord:
@@ -232,7 +241,7 @@ class Files:
         if size > cap:
             raise PayloadTooLarge(f"the file ({size} bytes) is larger than the {cap} byte limit",
                                   param="file")
-        stored, room = await self.store.stored(owner), self.settings.job_max_stored_bytes
+        stored, room = await self._held(owner), self.settings.job_max_stored_bytes
         if stored + size > room:
             raise self._over(stored, size, room)
         now = time.time()
@@ -243,7 +252,7 @@ class Files:
                                         count_lines=True, max_bytes=cap)
         # Counted again with this file in: uploads in flight together each passed the check above (a file counts
         # its bytes once stored), and ten of them held 3.6x the quota. Past it now, this one goes, unseen.
-        stored = await self.store.stored(owner)
+        stored = await self._held(owner)
         if stored > room:
             await self.store.drop(record.id)
             raise self._over(stored - record.bytes, record.bytes, room)
@@ -251,7 +260,8 @@ class Files:
 
     @staticmethod
     def _over(stored: int, size: int, room: int) -> RateLimited:
-        return RateLimited(f"your files hold {stored} bytes; this one ({size} bytes) would pass the {room} bytes "
+        return RateLimited(f"your files (and your running batches' requests) hold {stored} bytes; this one "
+                           f"({size} bytes) would pass the {room} bytes "
                            f"kept per caller: delete files you no longer need (a deleted file counts for "
                            f"{DELETE_GRACE / 60:g} more minutes, while reads it had begun finish)",
                            code="too_many_file_bytes", headers={"Retry-After": "60"})

@@ -62,8 +62,8 @@ class Jobs:
         self.result_body = result_body  # OcrResult -> the /v1/ocr body (api/bodies.ocr_body), for output URIs
         self._submitting: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         file_store = FileStore(store.engine, settings)
-        self.files = Files(file_store, settings)
         batch_store = BatchStore(store.engine, lease=settings.job_lease)
+        self.files = Files(file_store, settings, batch_store)
         self.batches = Batches(batch_store, file_store, self.objects, settings)
         self.batches.wake = runner.batch_wake
         # the runner's other work: a batch's chunks and whole-batch steps, a finished job's output URI
