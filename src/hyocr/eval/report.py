@@ -156,26 +156,28 @@ def write_json(doc: Mapping[str, Any], path: Path) -> None:
 
     try:
         fd = _descriptor(path)
-        if fd is not None:
-            with os.fdopen(os.dup(fd), "w", encoding="utf-8") as f:  # O_APPEND and the rest as the shell opened it
-                f.write(json_text(doc, indent=1) + "\n")
-        elif is_stream(path):
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(json_text(doc, indent=1) + "\n")
-        else:
+        if fd is None and not is_stream(path):
             write_atomic(Path(os.path.realpath(path)), doc)
+            return
+        # a descriptor: O_APPEND and the rest as the shell opened it
+        with os.fdopen(os.dup(fd), "w", encoding="utf-8") if fd is not None else open(path, "w", encoding="utf-8") as f:
+            f.write(json_text(doc, indent=1) + "\n")
     except OSError as exc:
         raise EvalError(f"{path}: {exc.strerror or exc}") from None
+
+
+_STANDARD = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+_DESCRIPTORS = ("/dev/fd/", "/proc/self/fd/")  # then a descriptor's number
 
 
 def _descriptor(path: str | Path) -> int | None:
     """The open descriptor ``path`` names: /dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N, or any path to
     the file standard output goes to."""
     text = os.path.abspath(path)
-    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}.get(text)
+    named = _STANDARD.get(text)
     if named is not None:
         return named
-    for prefix in ("/dev/fd/", "/proc/self/fd/"):
+    for prefix in _DESCRIPTORS:
         if text.startswith(prefix) and text[len(prefix):].isascii() and text[len(prefix):].isdigit():
             return int(text[len(prefix):])
     return 1 if is_stdout(path) else None
@@ -185,7 +187,7 @@ def is_stream(path: str | Path) -> bool:
     """Not a file to replace: an open descriptor's name (/dev/stdout, /dev/fd/N), or a path that exists and is not
     a regular file (a device, a FIFO), following links."""
     text = os.path.abspath(path)
-    if text in ("/dev/stdin", "/dev/stdout", "/dev/stderr") or text.startswith(("/dev/fd/", "/proc/self/fd/")):
+    if text in _STANDARD or text.startswith(_DESCRIPTORS):
         return True
     try:
         return not stat.S_ISREG(os.stat(path).st_mode)
