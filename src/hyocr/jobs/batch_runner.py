@@ -24,7 +24,7 @@ from .batch_store import BatchRecord, BatchStore, ChunkClaim, OpenLine
 from .batches import MAX_REPORTED, error_line, line_max_bytes, parse_line, split_lines
 from .codec import json_bytes
 from .exports import export_batch
-from .files import FileStore
+from .files import FileStore, held_bytes
 from .loops import passes
 
 log = logging.getLogger("hyocr.jobs")
@@ -221,7 +221,7 @@ class BatchRunner:
             return
         await self.store.add_lines(batch.id, rows)
         room = self.settings.job_max_stored_bytes
-        held = await self.files.stored(batch.owner) + (await self.store.held_bytes(batch.owner))[0]
+        held = await held_bytes(batch.owner, self.files, self.store)
         if held > room:  # counted with these lines in: batches created together each passed create's check
             await self._fail(batch, [{"code": "too_many_batch_bytes", "param": "input_file_id", "line": None,
                                       "message": f"your files and the requests of your active batches would hold "

@@ -219,6 +219,13 @@ class FileStore:
         return len(gone)
 
 
+async def held_bytes(owner: str, files: FileStore, batches: BatchStore | None) -> int:
+    """What counts toward JOB_MAX_STORED_BYTES for a caller: its files, and the requests its running batches copied
+    from their inputs (batches.py)."""
+    copied = (await batches.held_bytes(owner))[0] if batches is not None else 0
+    return await files.stored(owner) + copied
+
+
 class Files:
     """What the /v1/files routes call: uploads checked against the caps, reads and deletes by owner."""
 
@@ -228,9 +235,7 @@ class Files:
         self.batches = batches
 
     async def _held(self, owner: str) -> int:
-        """The caller's files, and the requests its running batches copied from their inputs (batches.py)."""
-        copied = (await self.batches.held_bytes(owner))[0] if self.batches is not None else 0
-        return await self.store.stored(owner) + copied
+        return await held_bytes(owner, self.store, self.batches)
 
     async def upload(self, owner: str, *, filename: str, purpose: str, size: int, parts: AsyncIterator[bytes],
                      expires_after: int | None) -> FileRecord:
