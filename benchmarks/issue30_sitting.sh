@@ -67,4 +67,17 @@ if [[ $part == s28 ]]; then  # issue 30's Measure table, the targets in priority
   note "done"
   exit 0
 fi
+if [[ $part == s29 ]]; then  # s28's hyocr targets again, after a fix (its hyocr servers had failed to import)
+  export REQUESTS_PER_STREAM=8
+  note "hyocr for cards: three cores, three API processes, FP8 KV (the README's card setting)"
+  CARD_LEVELS=32,64,128,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+fp8kv-api3-cores3
+  note "hyocr's defaults (one core): cards at c=1 and c=64, A4 c=64"
+  CARD_LEVELS=1,64 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
+  note "four cores, four API processes, FP8 KV"
+  CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+fp8kv-api4-cores4
+  note "hyocr's defaults: A4 c=128"
+  CARD_LEVELS=1 A4_LEVELS=128 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
+  note "done"
+  exit 0
+fi
 echo "unknown part: $part (s28, the next sitting; s25, the one session 27 ran)"; exit 2

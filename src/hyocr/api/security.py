@@ -130,6 +130,8 @@ def _jwt_keys(settings, problems: list[str]) -> list[tuple[str, object]]:
     keys: list[tuple[str, object]] = []
     if settings.jwt_secret:
         keys.append(("HS256", settings.jwt_secret.get_secret_value()))
+    if not (settings.jwt_public_key or settings.jwt_jwks_file):
+        return keys  # the RSA imports below only where a public key is configured
     try:
         import jwt
         from cryptography.hazmat.primitives.serialization import load_pem_public_key

@@ -21,7 +21,6 @@ import uuid
 from typing import TYPE_CHECKING
 
 import uvicorn
-from uvicorn.server import STARTUP_FAILURE
 
 if TYPE_CHECKING:
     from ..api.serving import Drain
@@ -30,6 +29,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("uvicorn.error")  # beside uvicorn's own start and stop lines
 # uvicorn cancels what is left this long after DRAIN_TIMEOUT (the app answers at DRAIN_TIMEOUT).
 SHUTDOWN_GRACE = 2.0
+# The exit status of a failed start, as uvicorn uses it (older uvicorn releases do not name it STARTUP_FAILURE).
+STARTUP_FAILURE = 3
 # A request line and headers: nginx allows 4 x 8 KiB, h11 16 KiB; room for long JWTs and proxies' headers.
 HEADER_BYTES = 64 * 1024
 # The request line alone, checked before the parser sees it: httptools refuses a URL past 65,535 bytes with a 400
