@@ -4,9 +4,11 @@
 # then, back to back (the machine goes back after 30 s idle):
 #   run 1, carry [.stage/c1]:           mkdir -p /tmp/stage && cp .stage/c1/* /tmp/stage/
 #   run 2, carry [.stage/c2, .stage/c3]: source .stage/c2/install.sh || exit 9; cp -r .stage/c3 /tmp/c3;
-#        (C3=/tmp/c3 setsid nohup bash benchmarks/issue30_sitting.sh /tmp/s28 s28 > /tmp/s28.log 2>&1 &);
-#        sleep 560; cat /tmp/s28/sitting.txt; tar czf $OUT/s28.tgz --exclude="*.pt.trace.json.gz" -C /tmp s28 s28.log
-#   run 3.., no carry:                  sleep 560; cat /tmp/s28/sitting.txt; tar czf $OUT/s28.tgz --exclude="*.pt.trace.json.gz" -C /tmp s28 s28.log
+#        (C3=/tmp/c3 setsid nohup bash benchmarks/issue30_sitting.sh /tmp/s30 s30 > /tmp/s30.log 2>&1 &);
+#        sleep 150; cat /tmp/s30/sitting.txt; tail -n 5 /tmp/s30/*.server.log
+#        (a short first look: session 29 slept 535 s through a server that had died at import)
+#   run 3.., no carry:                  sleep 560; cat /tmp/s30/sitting.txt; tar czf $OUT/s30.tgz --exclude="*.pt.trace.json.gz" -C /tmp s30 s30.log
+#   (a later call's shell has not sourced install.sh: source it again, carrying .stage/c2, before starting anything)
 # (the tar in every call: a sitting cut short still brings back what it measured). Every target through benchmarks/cores_gpu.py (one
 # bench call per level, GPU busy and each process's CPU recorded), HunyuanOCR 1.0 architecture, random weights.
 # C3 (default .stage/c3) holds the wheels vllm serve needs beyond the bundle (DEVICE.md), plus httptools (cp312),
@@ -80,4 +82,20 @@ if [[ $part == s29 ]]; then  # s28's hyocr targets again, after a fix (its hyocr
   note "done"
   exit 0
 fi
-echo "unknown part: $part (s28, the next sitting; s25, the one session 27 ran)"; exit 2
+if [[ $part == s30 ]]; then  # NOTES entry 37: c=1 on one torch thread or torch's pool, A4, the rest of the table
+  export REQUESTS_PER_STREAM=8
+  python3 -c "import hyocr.cli, hyocr.server.uvicorn, hyocr.api.app" || { note "hyocr does not import"; exit 3; }
+  note "hyocr's defaults (one core, one torch thread): cards c=1 and c=64, A4 c=64 and c=128"
+  CARD_LEVELS=1,64 A4_LEVELS=64,128 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
+  note "one core on torch's default threads: cards c=1 and c=64"
+  CARD_LEVELS=1,64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+omp
+  note "vllm serve (official flags): cards c=1, 64, 256 and A4 c=64"
+  CARD_LEVELS=1,64,256 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" vllm-serve
+  note "three cores, three API processes, FP8 KV: cards c=32, 192, 256 and A4 c=64"
+  CARD_LEVELS=32,192,256 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+fp8kv-api3-cores3
+  note "four cores, four API processes, FP8 KV: cards c=256"
+  CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+fp8kv-api4-cores4
+  note "done"
+  exit 0
+fi
+echo "unknown part: $part (s30, the next sitting; s28, s29 and s25, the ones run)"; exit 2
