@@ -89,6 +89,8 @@ if [[ $part == s30 ]]; then  # NOTES entry 37: c=1 on one torch thread or torch'
   CARD_LEVELS=1,64 A4_LEVELS=64,128 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
   note "one core on torch's default threads: cards c=1 and c=64"
   CARD_LEVELS=1,64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+omp
+  note "one core on vLLM's V1 model runner (what vllm serve runs): cards c=1"
+  CARD_LEVELS=1 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+v1
   note "vllm serve (official flags): cards c=1, 64, 256 and A4 c=64"
   CARD_LEVELS=1,64,256 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" vllm-serve
   note "three cores, three API processes, FP8 KV: cards c=32, 192, 256 and A4 c=64"
