@@ -3,24 +3,21 @@ what the scale-out modes need of each other. Each raises a ValueError whose text
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Self
 
 from pydantic import model_validator
 from pydantic_settings import BaseSettings
 
-if TYPE_CHECKING:
-    from .config import Settings
-
 
 class CrossSettingRules(BaseSettings):
     @model_validator(mode="after")
-    def _pixel_bounds(self) -> Settings:
+    def _pixel_bounds(self) -> Self:
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"min_pixels ({self.min_pixels}) must be <= max_pixels ({self.max_pixels})")
         return self
 
     @model_validator(mode="after")
-    def _api_processes_need_vllm(self) -> Settings:
+    def _api_processes_need_vllm(self) -> Self:
         if self.api_processes == 1:
             return self
         if self.engine != "vllm":
@@ -53,7 +50,7 @@ class CrossSettingRules(BaseSettings):
         return data
 
     @model_validator(mode="after")
-    def _scale_out(self) -> Settings:
+    def _scale_out(self) -> Self:
         if self.engines_per_gpu > 1 and self.engine != "vllm":
             raise ValueError(f"engines_per_gpu > 1 needs the vllm engine (engine is {self.engine!r})")
         if self.engines_per_gpu > 1 and self.api_processes > 1 and \
@@ -72,7 +69,7 @@ class CrossSettingRules(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _pdf_dpi_range(self) -> Settings:
+    def _pdf_dpi_range(self) -> Self:
         if not self.pdf_min_dpi <= min(self.pdf_max_dpi, self.pdf_detector_dpi):
             raise ValueError(f"pdf_min_dpi ({self.pdf_min_dpi}) must be <= pdf_max_dpi ({self.pdf_max_dpi}) "
                              f"and pdf_detector_dpi ({self.pdf_detector_dpi})")
