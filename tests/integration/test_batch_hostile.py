@@ -241,6 +241,23 @@ def test_bad_uploads_and_queries_are_json_4xx(server):
         **ALICE, "Content-Type": "application/json"}, timeout=10), 400)
 
 
+def test_an_upload_cut_short_stores_nothing(fake_server_factory):
+    """A JSONL upload the body cuts off is a 400 and no file: Starlette's parser had dropped the cut part."""
+    server = fake_server_factory(ui=False, api_keys="alice-key")
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/ocr", "body": {"image": PNG}}).encode()
+    body = (b'--zz\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            b'--zz\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n'
+            + line + b"\n" + line.replace(b'"a"', b'"b"'))
+    r = requests.post(f"{server.url}/v1/files", data=body, timeout=30,
+                      headers={**ALICE, "Content-Type": "multipart/form-data; boundary=zz"})
+    assert "closing boundary" in _is_error(r, 400, param="file")["message"]
+    assert requests.get(f"{server.url}/v1/files", headers=ALICE, timeout=10).json()["data"] == []
+    whole = requests.post(f"{server.url}/v1/files", data=body + b"\r\n--zz--\r\n", timeout=30,
+                          headers={**ALICE, "Content-Type": "multipart/form-data; boundary=zz"})
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["bytes"] == len(line) * 2 + 1
+
+
 def test_a_file_past_the_byte_cap_is_refused(fake_server_factory):
     server = fake_server_factory(ui=False, file_max_bytes=4096)
     _is_error(_upload(server.url, b"x" * 5000, headers={}), 413, "payload_too_large", "file")

@@ -144,6 +144,20 @@ def test_bad_inputs_get_clean_json_errors(rapid_server):
     assert _post_file(rapid_server, png, task="text").status_code == 200
 
 
+def test_a_multipart_body_cut_short_is_refused_not_read_as_fewer_pages(rapid_server):
+    """Starlette's parser drops a part the body cuts off: two pages cut in the second read as one, 200."""
+    png = card().png()
+    part = (b'--zz\r\nContent-Disposition: form-data; name="file"; filename="p.png"\r\n'
+            b"Content-Type: image/png\r\n\r\n" + png + b"\r\n")
+    headers = {"content-type": "multipart/form-data; boundary=zz"}
+    whole = requests.post(f"{rapid_server.url}/v1/ocr", data=part + part + b"--zz--\r\n", headers=headers,
+                          timeout=60)
+    assert whole.status_code == 200 and len(whole.json()["pages"]) == 2, whole.text[:300]
+    for cut in (part + part[:300], part + part, part[:-2]):
+        error = _error(requests.post(f"{rapid_server.url}/v1/ocr", data=cut, headers=headers, timeout=60), 400)
+        assert "closing boundary" in error["message"] and error["param"] == "file", error
+
+
 def test_size_limits(rapid_server):
     url = f"{rapid_server.url}/v1/ocr"
     # 4 MiB body cap on this server: declared Content-Length over it -> 413 before reading

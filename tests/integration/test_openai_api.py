@@ -162,6 +162,9 @@ def test_models_lists_the_served_model(client):
         ({"mm_processor_kwargs": {"max_pixels": 10**9}}, "mm_processor_kwargs"),
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs, as OpenAI refuses it
+        ({"max_tokens": "5"}, "max_tokens"),  # JSON numbers only: pydantic's lax mode read "5" as 5
+        ({"max_tokens": True}, "max_tokens"),  # and true as 1
+        ({"temperature": "0.5"}, "temperature"),
     ],
 )
 def test_chat_parameter_validation(rapid_server, card_url, change, param):
@@ -273,3 +276,24 @@ def test_image_urls_are_fetched_only_from_allowed_hosts(fake_server_factory):
         assert requests.post(chat, json=body, timeout=30).status_code == 200
     finally:
         images.shutdown()
+
+
+def test_json_routes_refuse_other_content_types_with_415(rapid_server, card_url):
+    """A browser may post text/plain or a form cross-site without a preflight; such a body, or one without a
+    type, is a 415 naming application/json (it was a 400 about "a valid dictionary")."""
+    _, url = card_url
+    body = json.dumps({"model": "m", "messages": _messages(url, "提取图中的文字。")})
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/batches"):
+        for declared in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=zz",
+                         None):
+            headers = {"Content-Type": declared} if declared else {}
+            r = requests.post(f"{rapid_server.url}{path}", data=body.encode(), headers=headers, timeout=30)
+            assert r.status_code == 415, (path, declared, r.text)
+            error = r.json()["error"]
+            assert error["code"] == "unsupported_media_type" and error["param"] == "content-type", error
+            assert "application/json" in error["message"], error
+    # the JSON types themselves still pass
+    for declared in ("application/json", "application/json; charset=utf-8"):
+        r = requests.post(f"{rapid_server.url}/v1/chat/completions", data=body.encode(),
+                          headers={"Content-Type": declared}, timeout=30)
+        assert r.status_code == 200, (declared, r.text)

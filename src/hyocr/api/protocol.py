@@ -17,6 +17,7 @@ from pydantic import (
     Field,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
     WithJsonSchema,
     WrapValidator,
     field_validator,
@@ -92,6 +93,17 @@ class SamplingFields(WireModel):
     loop_guard: bool | None = Field(None, description="hyocr: stop when the output repeats (server default)")
     ignore_eos: bool = Field(False, description="vLLM extension: generate max_tokens whatever the model says")
     min_tokens: int | None = Field(None, ge=0, description="vLLM extension: no end of sequence before this")
+
+    @field_validator("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+                     "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "n", "min_tokens",
+                     mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        """JSON numbers only, as OpenAI takes them: pydantic's lax mode would read "5" as 5 and true as 1. A
+        multipart form's fields are text, so /v1/ocr's form path (context "form") keeps the conversion."""
+        if isinstance(v, bool) or (isinstance(v, str) and not (info.context or {}).get("form")):
+            raise ValueError("must be a number, not " + ("a boolean" if isinstance(v, bool) else "a string"))
+        return v
 
     @field_validator("stop")
     @classmethod

@@ -5,18 +5,21 @@ through that route's own path below online traffic, and writes OpenAI's output a
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 
 from ...pipeline.objects import refuse_credentials
 from ..bodies import batch_body
 from ..protocol import BatchCreateRequest, ErrorResponse
+from .deps import json_body
 from .jobs import jobs_of, owner_of
 
 router = APIRouter(tags=["batch"])
-_ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 429: {"model": ErrorResponse}}
+_ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 415: {"model": ErrorResponse},
+           429: {"model": ErrorResponse}}
 
 
-@router.post("/v1/batches", responses=_ERRORS, summary="Create a batch from an uploaded JSONL file")
+@router.post("/v1/batches", responses=_ERRORS, summary="Create a batch from an uploaded JSONL file",
+             dependencies=[Depends(json_body)])
 async def create(body: BatchCreateRequest, request: Request):
     refuse_credentials(body.model_extra)
     expires = body.output_expires_after.model_dump() if body.output_expires_after else None

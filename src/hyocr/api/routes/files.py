@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
 
-from ...errors import HyocrError, InvalidRequest, UnsupportedMediaType
+from ...errors import InvalidRequest, UnsupportedMediaType
 from ..bodies import file_body
+from ..multipart import read_form
 from ..protocol import ErrorResponse
 from .jobs import jobs_of, owner_of
 
@@ -33,14 +33,7 @@ async def upload(request: Request):
     if content_type != "multipart/form-data":
         raise UnsupportedMediaType("send multipart/form-data with the fields file and purpose",
                                    param="content-type")
-    try:
-        form = await request.form(max_files=1, max_fields=8)
-    except HyocrError:
-        raise
-    except HTTPException as exc:
-        raise InvalidRequest(f"invalid multipart body: {exc.detail}") from None
-    except Exception:  # noqa: BLE001 - malformed multipart: the parser's errors share no base
-        raise InvalidRequest("could not parse the multipart body") from None
+    form = await read_form(request, max_files=1, max_fields=8)
     try:
         given = form.get("file")
         if not isinstance(given, UploadFile):

@@ -12,7 +12,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from starlette.exceptions import HTTPException
 
 from ...errors import HyocrError, InvalidRequest, UnsupportedMediaType
 from ...observability.logs import record
@@ -22,6 +21,7 @@ from ..bodies import ocr_body, page_body, sse
 from ..convert import ocr_call
 from ..disconnect import unless_disconnected
 from ..errors import hyocr_error_body
+from ..multipart import read_form
 from ..protocol import ErrorResponse, OcrJsonRequest, OcrResponse
 from .deps import caller_of, service_of, settings_of
 
@@ -68,15 +68,7 @@ async def read_body(request: Request, model: type[OcrJsonRequest] = OcrJsonReque
     if content_type == "application/json":
         return model.model_validate_json(await request.body()), []
     if content_type == "multipart/form-data":
-        settings = settings_of(request)
-        try:
-            form = await request.form(max_files=settings.max_images_per_request, max_fields=32)
-        except HyocrError:
-            raise
-        except HTTPException as exc:  # Starlette's own multipart limits ("Too many files ...")
-            raise InvalidRequest(f"invalid multipart body: {exc.detail}") from None
-        except Exception:  # malformed multipart
-            raise InvalidRequest("could not parse the multipart body") from None
+        form = await read_form(request, max_files=settings_of(request).max_images_per_request, max_fields=32)
         files: list[tuple[str, bytes]] = []
         values: dict[str, Any] = {}
         for key, value in form.multi_items():
@@ -93,7 +85,7 @@ async def read_body(request: Request, model: type[OcrJsonRequest] = OcrJsonReque
         # Several files are pages in the order sent; an error names which one (files.1), as images.1 in JSON.
         uploads = [MediaInput(data, param=key if len(files) == 1 else f"{key}.{n}")
                    for n, (key, data) in enumerate(files)]
-        return model.model_validate(values), uploads
+        return model.model_validate(values, context={"form": True}), uploads  # text fields: numbers as text
     raise UnsupportedMediaType(
         "send multipart/form-data (field 'file') or application/json", param="content-type"
     )

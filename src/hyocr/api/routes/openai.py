@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ...errors import NotFound
@@ -22,19 +22,21 @@ from ..convert import chat_call, completion_call
 from ..disconnect import unless_disconnected
 from ..protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from ..serving import exposure
-from .deps import caller_of, service_of, settings_of
+from .deps import caller_of, json_body, service_of, settings_of
 
 router = APIRouter(tags=["openai"])
 _ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 415: {"model": ErrorResponse}}
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-@router.post("/v1/chat/completions", responses=_ERRORS, summary="OpenAI chat completions with images")
+@router.post("/v1/chat/completions", responses=_ERRORS, summary="OpenAI chat completions with images",
+             dependencies=[Depends(json_body)])
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     return await _answer(request, body, chat_call(body, settings_of(request)), _CHAT)
 
 
-@router.post("/v1/completions", responses=_ERRORS, summary="OpenAI completions (+ the article's 'image' field)")
+@router.post("/v1/completions", responses=_ERRORS, summary="OpenAI completions (+ the article's 'image' field)",
+             dependencies=[Depends(json_body)])
 async def completions(body: CompletionRequest, request: Request):
     return await _answer(request, body, completion_call(body, settings_of(request)), _COMPLETION)
 
