@@ -49,7 +49,8 @@ async def utf8_only(parts: AsyncIterator[bytes], *, param: str) -> AsyncIterator
         if len(head) < 4:
             head += data[:4]
             if head.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(head) >= 2 and 0 in head[:2]):
-                raise InvalidRequest("the file is UTF-16 or UTF-32 text; JSONL is UTF-8: save it as UTF-8",
+                raise InvalidRequest("the file is not UTF-8 text (it starts with a UTF-16/32 byte order mark or a NUL "
+                                     "byte); JSONL is UTF-8: save it as UTF-8",
                                      param=param, code="invalid_encoding")
         yield data
 
