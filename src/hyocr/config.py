@@ -20,7 +20,8 @@ ImageFormat = Literal["PNG", "JPEG", "WEBP", "BMP", "TIFF", "GIF", "JPEG2000"]
 
 class Settings(CrossSettingRules):
     model_config = SettingsConfigDict(
-        env_prefix="HYOCR_", env_file=".env", extra="ignore", frozen=True, validate_default=True
+        env_prefix="HYOCR_", env_file=".env", extra="ignore", frozen=True, validate_default=True,
+        protected_namespaces=(),  # model_version etc.: pydantic-settings < 2.7 warned on every command
     )
 
     # --- server ---

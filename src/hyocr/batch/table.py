@@ -33,8 +33,9 @@ def require(fmt: str | None) -> None:
     if fmt == "parquet":
         try:
             import pyarrow.parquet  # noqa: F401
-        except ImportError:
-            raise RuntimeError('--table parquet needs pyarrow: pip install pyarrow (or "hyocr[ray]")') from None
+        except ImportError as exc:  # absent, or present and refusing to load (pyarrow 26 with numpy 1.x)
+            raise RuntimeError(f'--table parquet needs pyarrow: pip install pyarrow (or "hyocr[ray]"): {exc}'
+                               ) from None
 
 
 CONTENT_TYPES = {"jsonl": "application/x-ndjson", "parquet": "application/vnd.apache.parquet"}

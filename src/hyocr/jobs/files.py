@@ -97,16 +97,18 @@ class FileStore:
 
     async def write(self, *, owner: str, filename: str, purpose: str, parts: AsyncIterator[bytes],
                     expires_at: float | None, file_id: str | None = None, count_lines: bool = False,
-                    max_bytes: int | None = None) -> FileRecord:
+                    max_bytes: int | None = None, reserve: int = 0) -> FileRecord:
         """Store a file from ``parts`` (any sizes; stored in PART-sized rows) and make it visible at the end.
-        A given ``file_id`` replaces the file of that id (a batch's output written again after a crash)."""
+        A given ``file_id`` replaces the file of that id (a batch's output written again after a crash).
+        ``reserve``: the bytes the file counts for while it is written (an upload's known size), so that
+        uploads in flight together see each other."""
         file_id = file_id or f"file-{uuid.uuid4().hex}"
         now = time.time()
         async with self.engine.begin() as db:
             await db.execute(delete(file_parts).where(file_parts.c.file_id == file_id))
             await db.execute(delete(files).where(files.c.id == file_id))
             await db.execute(insert(files).values(id=file_id, owner=owner, filename=filename, purpose=purpose,
-                                                  bytes=0, created_at=now, expires_at=expires_at, complete=0))
+                                                  bytes=reserve, created_at=now, expires_at=expires_at, complete=0))
         counter = LineCounter() if count_lines else None
         size, n, buffer = 0, 0, bytearray()
         try:
@@ -191,12 +193,17 @@ class FileStore:
                     ).mappings().all()
         return [_record(r) for r in rows[:limit]], len(rows) > limit
 
-    async def stored(self, owner: str) -> int:
+    async def stored(self, owner: str, upto: FileRecord | None = None) -> int:
         """The bytes ``owner``'s files hold on disk: a deleted file's too, until its parts are swept (an upload
-        and delete loop filled the disk past the quota)."""
+        and delete loop filled the disk past the quota), and those being written, for their reserve. With
+        ``upto``, only the files created before it and itself: the order in which uploads in flight together
+        are kept."""
+        mine = files.c.owner == owner
+        if upto is not None:
+            mine = and_(mine, or_(files.c.created_at < upto.created_at,
+                                  and_(files.c.created_at == upto.created_at, files.c.id <= upto.id)))
         async with self.engine.connect() as db:
-            return int(await db.scalar(select(func.coalesce(func.sum(files.c.bytes), 0)).where(
-                files.c.owner == owner)) or 0)
+            return int(await db.scalar(select(func.coalesce(func.sum(files.c.bytes), 0)).where(mine)) or 0)
 
     # ------------------------------------------------------------------ deleting
 
@@ -220,11 +227,12 @@ class FileStore:
         return len(gone)
 
 
-async def held_bytes(owner: str, files: FileStore, batches: BatchStore | None) -> int:
-    """What counts toward JOB_MAX_STORED_BYTES for a caller: its files, and the requests its running batches copied
-    from their inputs (batches.py)."""
+async def held_bytes(owner: str, files: FileStore, batches: BatchStore | None,
+                     upto: FileRecord | None = None) -> int:
+    """What counts toward JOB_MAX_STORED_BYTES for a caller: its files (``upto``: FileStore.stored), and the
+    requests its running batches copied from their inputs (batches.py)."""
     copied = (await batches.held_bytes(owner))[0] if batches is not None else 0
-    return await files.stored(owner) + copied
+    return await files.stored(owner, upto) + copied
 
 
 class Files:
@@ -235,8 +243,8 @@ class Files:
         self.settings = settings
         self.batches = batches
 
-    async def _held(self, owner: str) -> int:
-        return await held_bytes(owner, self.store, self.batches)
+    async def _held(self, owner: str, upto: FileRecord | None = None) -> int:
+        return await held_bytes(owner, self.store, self.batches, upto)
 
     async def upload(self, owner: str, *, filename: str, purpose: str, size: int, parts: AsyncIterator[bytes],
                      expires_after: int | None) -> FileRecord:
@@ -255,10 +263,11 @@ class Files:
         filename = "".join(c for c in filename if c.isprintable())[:512]  # no NUL or line breaks to store
         record = await self.store.write(owner=owner, filename=filename or "upload.jsonl", purpose=purpose,
                                         parts=utf8_only(parts, param="file"), expires_at=now + keep,
-                                        count_lines=True, max_bytes=cap)
-        # Counted again with this file in: uploads in flight together each passed the check above (a file counts
-        # its bytes once stored), and ten of them held 3.6x the quota. Past it now, this one goes, unseen.
-        stored = await self._held(owner)
+                                        count_lines=True, max_bytes=cap, reserve=size)
+        # Counted again with this file in: uploads in flight together each passed the check above, and ten of
+        # them held 3.6x the quota. Counted in the order they began (each reserved its size then), so the earlier
+        # are kept and the later go, unseen; counting every other one had refused all eight of eight at once.
+        stored = await self._held(owner, upto=record)
         if stored > room:
             await self.store.drop(record.id)
             raise self._over(stored - record.bytes, record.bytes, room)

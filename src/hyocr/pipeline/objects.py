@@ -320,9 +320,9 @@ def store_message(exc: BaseException) -> str:
 def _pafs() -> Any:
     try:
         import pyarrow.fs as pafs
-    except ImportError:
-        raise ServiceUnavailable('object storage needs pyarrow on the server: pip install "hyocr[objects]"',
-                                 code="object_store_unavailable") from None
+    except ImportError as exc:  # absent, or present and refusing to load (pyarrow 26 with numpy 1.x)
+        raise ServiceUnavailable('object storage needs pyarrow on the server: pip install "hyocr[objects]" '
+                                 f"({store_message(exc)})", code="object_store_unavailable") from None
     return pafs
 
 
