@@ -13,6 +13,7 @@ download or a batch's validation that began before the delete reads the whole fi
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
@@ -97,18 +98,16 @@ class FileStore:
 
     async def write(self, *, owner: str, filename: str, purpose: str, parts: AsyncIterator[bytes],
                     expires_at: float | None, file_id: str | None = None, count_lines: bool = False,
-                    max_bytes: int | None = None, reserve: int = 0) -> FileRecord:
+                    max_bytes: int | None = None) -> FileRecord:
         """Store a file from ``parts`` (any sizes; stored in PART-sized rows) and make it visible at the end.
-        A given ``file_id`` replaces the file of that id (a batch's output written again after a crash).
-        ``reserve``: the bytes the file counts for while it is written (an upload's known size), so that
-        uploads in flight together see each other."""
+        A given ``file_id`` replaces the file of that id (a batch's output written again after a crash)."""
         file_id = file_id or f"file-{uuid.uuid4().hex}"
         now = time.time()
         async with self.engine.begin() as db:
             await db.execute(delete(file_parts).where(file_parts.c.file_id == file_id))
             await db.execute(delete(files).where(files.c.id == file_id))
             await db.execute(insert(files).values(id=file_id, owner=owner, filename=filename, purpose=purpose,
-                                                  bytes=reserve, created_at=now, expires_at=expires_at, complete=0))
+                                                  bytes=0, created_at=now, expires_at=expires_at, complete=0))
         counter = LineCounter() if count_lines else None
         size, n, buffer = 0, 0, bytearray()
         try:
@@ -193,17 +192,12 @@ class FileStore:
                     ).mappings().all()
         return [_record(r) for r in rows[:limit]], len(rows) > limit
 
-    async def stored(self, owner: str, upto: FileRecord | None = None) -> int:
+    async def stored(self, owner: str) -> int:
         """The bytes ``owner``'s files hold on disk: a deleted file's too, until its parts are swept (an upload
-        and delete loop filled the disk past the quota), and those being written, for their reserve. With
-        ``upto``, only the files created before it and itself: the order in which uploads in flight together
-        are kept."""
-        mine = files.c.owner == owner
-        if upto is not None:
-            mine = and_(mine, or_(files.c.created_at < upto.created_at,
-                                  and_(files.c.created_at == upto.created_at, files.c.id <= upto.id)))
+        and delete loop filled the disk past the quota)."""
         async with self.engine.connect() as db:
-            return int(await db.scalar(select(func.coalesce(func.sum(files.c.bytes), 0)).where(mine)) or 0)
+            return int(await db.scalar(select(func.coalesce(func.sum(files.c.bytes), 0)).where(
+                files.c.owner == owner)) or 0)
 
     # ------------------------------------------------------------------ deleting
 
@@ -227,12 +221,11 @@ class FileStore:
         return len(gone)
 
 
-async def held_bytes(owner: str, files: FileStore, batches: BatchStore | None,
-                     upto: FileRecord | None = None) -> int:
-    """What counts toward JOB_MAX_STORED_BYTES for a caller: its files (``upto``: FileStore.stored), and the
-    requests its running batches copied from their inputs (batches.py)."""
+async def held_bytes(owner: str, files: FileStore, batches: BatchStore | None) -> int:
+    """What counts toward JOB_MAX_STORED_BYTES for a caller: its files, and the requests its running batches copied
+    from their inputs (batches.py)."""
     copied = (await batches.held_bytes(owner))[0] if batches is not None else 0
-    return await files.stored(owner, upto) + copied
+    return await files.stored(owner) + copied
 
 
 class Files:
@@ -242,9 +235,10 @@ class Files:
         self.store = store
         self.settings = settings
         self.batches = batches
+        self._uploading: dict[str, asyncio.Lock] = {}
 
-    async def _held(self, owner: str, upto: FileRecord | None = None) -> int:
-        return await held_bytes(owner, self.store, self.batches, upto)
+    async def _held(self, owner: str) -> int:
+        return await held_bytes(owner, self.store, self.batches)
 
     async def upload(self, owner: str, *, filename: str, purpose: str, size: int, parts: AsyncIterator[bytes],
                      expires_after: int | None) -> FileRecord:
@@ -255,22 +249,25 @@ class Files:
         if size > cap:
             raise PayloadTooLarge(f"the file ({size} bytes) is larger than the {cap} byte limit",
                                   param="file")
-        stored, room = await self._held(owner), self.settings.job_max_stored_bytes
-        if stored + size > room:
-            raise self._over(stored, size, room)
-        now = time.time()
-        keep = expires_after if expires_after is not None else self.settings.job_retention
-        filename = "".join(c for c in filename if c.isprintable())[:512]  # no NUL or line breaks to store
-        record = await self.store.write(owner=owner, filename=filename or "upload.jsonl", purpose=purpose,
-                                        parts=utf8_only(parts, param="file"), expires_at=now + keep,
-                                        count_lines=True, max_bytes=cap, reserve=size)
-        # Counted again with this file in: uploads in flight together each passed the check above, and ten of
-        # them held 3.6x the quota. Counted in the order they began (each reserved its size then), so the earlier
-        # are kept and the later go, unseen; counting every other one had refused all eight of eight at once.
-        stored = await self._held(owner, upto=record)
-        if stored > room:
-            await self.store.drop(record.id)
-            raise self._over(stored - record.bytes, record.bytes, room)
+        # One caller's uploads one at a time in this process: each checks the quota with the one before it
+        # stored. Checked in flight together, ten of them had held 3.6x the quota; checked again afterwards
+        # against each other, eight at once could all be refused.
+        async with self._uploading.setdefault(owner, asyncio.Lock()):
+            stored, room = await self._held(owner), self.settings.job_max_stored_bytes
+            if stored + size > room:
+                raise self._over(stored, size, room)
+            now = time.time()
+            keep = expires_after if expires_after is not None else self.settings.job_retention
+            filename = "".join(c for c in filename if c.isprintable())[:512]  # no NUL or line breaks to store
+            record = await self.store.write(owner=owner, filename=filename or "upload.jsonl", purpose=purpose,
+                                            parts=utf8_only(parts, param="file"), expires_at=now + keep,
+                                            count_lines=True, max_bytes=cap)
+            # Counted again with this file in, for uploads other API processes stored meanwhile: past the quota
+            # now, this one goes, unseen.
+            stored = await self._held(owner)
+            if stored > room:
+                await self.store.drop(record.id)
+                raise self._over(stored - record.bytes, record.bytes, room)
         return record
 
     @staticmethod
