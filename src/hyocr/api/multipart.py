@@ -4,6 +4,7 @@ died mid-upload, a proxy's limit), so a cut body read as fewer pages or a shorte
 from __future__ import annotations
 
 from fastapi import Request
+from python_multipart.multipart import parse_options_header
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.types import Message
@@ -33,17 +34,10 @@ async def read_form(request: Request, *, max_files: int, max_fields: int) -> For
         raise InvalidRequest(f"invalid multipart body: {exc.detail}") from None
     except Exception:  # noqa: BLE001 - malformed multipart: the parser's errors share no base
         raise InvalidRequest("could not parse the multipart body") from None
-    boundary = _boundary(request.headers.get("content-type", ""))
-    if boundary is None or b"--" + boundary + b"--" not in tail:
+    # the boundary as the parser read it (its own header parser)
+    boundary = parse_options_header(request.headers.get("content-type", ""))[1].get(b"boundary")
+    if not boundary or b"--" + boundary + b"--" not in tail:
         await form.close()
         raise InvalidRequest("the multipart body ends before its closing boundary: the upload was cut short",
                              param="file")
     return form
-
-
-def _boundary(content_type: str) -> bytes | None:
-    for param in content_type.split(";")[1:]:
-        name, _, value = param.strip().partition("=")
-        if name.strip().lower() == "boundary":
-            return value.strip().strip('"').encode("latin-1", "replace")
-    return None

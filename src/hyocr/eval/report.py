@@ -159,8 +159,11 @@ def write_json(doc: Mapping[str, Any], path: Path) -> None:
         if fd is None and not is_stream(path):
             write_atomic(Path(os.path.realpath(path)), doc)
             return
-        # a descriptor: O_APPEND and the rest as the shell opened it
-        with os.fdopen(os.dup(fd), "w", encoding="utf-8") if fd is not None else open(path, "w", encoding="utf-8") as f:
+        if fd is not None:  # a descriptor: O_APPEND and the rest as the shell opened it
+            stream = os.fdopen(os.dup(fd), "w", encoding="utf-8")
+        else:
+            stream = open(path, "w", encoding="utf-8")
+        with stream as f:
             f.write(json_text(doc, indent=1) + "\n")
     except OSError as exc:
         raise EvalError(f"{path}: {exc.strerror or exc}") from None

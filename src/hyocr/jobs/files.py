@@ -17,6 +17,7 @@ import asyncio
 import re
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -50,8 +51,8 @@ async def utf8_only(parts: AsyncIterator[bytes], *, param: str) -> AsyncIterator
         if len(head) < 4:
             head += data[:4]
             if head.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(head) >= 2 and 0 in head[:2]):
-                raise InvalidRequest("the file is not UTF-8 text (it starts with a UTF-16/32 byte order mark or a NUL "
-                                     "byte); JSONL is UTF-8: save it as UTF-8",
+                raise InvalidRequest("the file is not UTF-8 text (it starts with a UTF-16/32 byte order mark "
+                                     "or a NUL byte); JSONL is UTF-8: save it as UTF-8",
                                      param=param, code="invalid_encoding")
         yield data
 
@@ -235,7 +236,7 @@ class Files:
         self.store = store
         self.settings = settings
         self.batches = batches
-        self._uploading: dict[str, asyncio.Lock] = {}
+        self._uploading: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def _held(self, owner: str) -> int:
         return await held_bytes(owner, self.store, self.batches)

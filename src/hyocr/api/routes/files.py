@@ -13,6 +13,7 @@ from ...errors import InvalidRequest, UnsupportedMediaType
 from ..bodies import file_body
 from ..multipart import read_form
 from ..protocol import ErrorResponse
+from .deps import media_type
 from .jobs import jobs_of, owner_of
 
 router = APIRouter(tags=["batch"])
@@ -29,8 +30,7 @@ _DOC = {"requestBody": {"required": True, "content": {"multipart/form-data": {"s
 
 @router.post("/v1/files", responses=_ERRORS, openapi_extra=_DOC, summary="Upload a batch input file (JSONL)")
 async def upload(request: Request):
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type != "multipart/form-data":
+    if media_type(request) != "multipart/form-data":
         raise UnsupportedMediaType("send multipart/form-data with the fields file and purpose",
                                    param="content-type")
     form = await read_form(request, max_files=1, max_fields=8)

@@ -23,7 +23,7 @@ from ..disconnect import unless_disconnected
 from ..errors import hyocr_error_body
 from ..multipart import read_form
 from ..protocol import ErrorResponse, OcrJsonRequest, OcrResponse
-from .deps import caller_of, service_of, settings_of
+from .deps import caller_of, media_type, service_of, settings_of
 
 router = APIRouter(tags=["ocr"])
 
@@ -64,7 +64,7 @@ async def read_body(request: Request, model: type[OcrJsonRequest] = OcrJsonReque
                     form_fields: frozenset[str] = _FORM_FIELDS) -> tuple[OcrJsonRequest, list[MediaInput]]:
     """The /v1/ocr request (and the jobs API's, which takes the same): JSON, or a multipart upload whose
     form fields validate into the same model."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    content_type = media_type(request)
     if content_type == "application/json":
         return model.model_validate_json(await request.body()), []
     if content_type == "multipart/form-data":
