@@ -91,6 +91,10 @@ if [[ $part == s30 ]]; then  # NOTES entry 37: c=1 on one torch thread or torch'
   CARD_LEVELS=1,64 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+omp
   note "one core on vLLM's V1 model runner (what vllm serve runs): cards c=1"
   CARD_LEVELS=1 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+v1
+  note "one core at c=1: where a card's time goes (request_time_breakdown.py, py-spy on the server processes)"
+  HYOCR_DIAG_CONCURRENCY=1 HYOCR_DIAG_REQUESTS=48 HYOCR_BENCH_PYSPY=/tmp/serve-site/bin/py-spy \
+    python3 benchmarks/request_time_breakdown.py "$out/diag1" hyocr-vllm > "$out/diag1.log" 2>&1
+  tail -n 40 "$out/diag1.log" >> "$out/sitting.txt"
   note "vllm serve (official flags): cards c=1, 64, 256 and A4 c=64"
   CARD_LEVELS=1,64,256 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" vllm-serve
   note "three cores, three API processes, FP8 KV: cards c=32, 192, 256 and A4 c=64"
