@@ -82,6 +82,17 @@ def test_a_stream_that_fails_logs_the_chain_and_ends_with_an_error_event(fake_se
     assert CHAIN in _logged(caplog, quoted)  # before: a failed stream logged nothing
 
 
+def test_a_stream_that_fails_before_its_first_token_is_an_http_error(fake_server_factory, caplog):
+    # No status line goes out before the engine's first event: a client (and its retry logic) sees the 500
+    server = fake_server_factory(_ChainedFailure(before=0))
+    with caplog.at_level(logging.INFO):
+        r = _chat(server.url, stream=True)
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json", r.text
+    error = r.json()["error"]
+    assert error["type"] == "engine_error" and error["message"].endswith(": ModuleNotFoundError")
+    assert CHAIN in _logged(caplog, r.headers["x-request-id"])
+
+
 def test_the_traceback_is_logged_at_debug_level(fake_server_factory, caplog):
     server = fake_server_factory(_ChainedFailure())
     with caplog.at_level(logging.DEBUG, logger="hyocr.engines"):

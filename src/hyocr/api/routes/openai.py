@@ -68,14 +68,32 @@ async def _answer(request: Request, body, call, shape: _Shape):
     prep, created = started.prep, int(time.time())
     headers = {"X-Hyocr-Task": prep.task.value}
     if body.stream:
+        # The status line waits for the engine's first event, so a failure before any text (the engine, a deadline,
+        # a structured-output grammar) is an HTTP error a client can retry on, as OpenAI's is, not a 200 whose
+        # stream holds an error event. What a client sees first is unchanged: nothing before the first token.
+        try:
+            first = await unless_disconnected(request, anext(events))
+        except BaseException:
+            await events.aclose()
+            raise
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_streamed(events, prep, created, shape, include_usage), media_type="text/event-stream",
-                                 headers={**_SSE_HEADERS, **headers})
+        return StreamingResponse(_streamed(_resumed(first, events), prep, created, shape, include_usage),
+                                 media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
     done = await unless_disconnected(request, _last(events))
     return JSONResponse(completion_body(
         chat=shape is _CHAT, request_id=prep.request_id, created=created, model=prep.model, text=done.text,
         finish=done.finish_reason, prompt_tokens=done.prompt_tokens, completion_tokens=done.completion_tokens,
         task=prep.task, requested_task=prep.requested_task), headers=headers)
+
+
+async def _resumed(first: ChatEvent, events: AsyncIterator[ChatEvent]) -> AsyncIterator[ChatEvent]:
+    """``events`` with its already-read first event put back in front."""
+    try:
+        yield first
+        async for event in events:
+            yield event
+    finally:
+        await events.aclose()
 
 
 async def _last(events: AsyncIterator[ChatEvent]) -> ChatDone:
