@@ -4,10 +4,10 @@
 # then, back to back (the machine goes back after 30 s idle):
 #   run 1, carry [.stage/c1]:           mkdir -p /tmp/stage && cp .stage/c1/* /tmp/stage/
 #   run 2, carry [.stage/c2, .stage/c3]: source .stage/c2/install.sh || exit 9; cp -r .stage/c3 /tmp/c3;
-#        (C3=/tmp/c3 setsid nohup bash benchmarks/issue30_sitting.sh /tmp/s30 s30 > /tmp/s30.log 2>&1 &);
-#        sleep 150; cat /tmp/s30/sitting.txt; tail -n 5 /tmp/s30/*.server.log
+#        (C3=/tmp/c3 setsid nohup bash benchmarks/issue30_sitting.sh /tmp/s31 s31 > /tmp/s31.log 2>&1 &);
+#        sleep 150; cat /tmp/s31/sitting.txt; tail -n 5 /tmp/s31/*.server.log
 #        (a short first look: session 29 slept 535 s through a server that had died at import)
-#   run 3.., no carry:                  sleep 560; cat /tmp/s30/sitting.txt; tar czf $OUT/s30.tgz --exclude="*.pt.trace.json.gz" -C /tmp s30 s30.log
+#   run 3.., no carry:                  sleep 560; cat /tmp/s31/sitting.txt; tar czf $OUT/s31.tgz --exclude="*.pt.trace.json.gz" -C /tmp s31 s31.log
 #   (a later call's shell has not sourced install.sh: source it again, carrying .stage/c2, before starting anything)
 # (the tar in every call: a sitting cut short still brings back what it measured). Every target through benchmarks/cores_gpu.py (one
 # bench call per level, GPU busy and each process's CPU recorded), HunyuanOCR 1.0 architecture, random weights.
@@ -104,4 +104,21 @@ if [[ $part == s30 ]]; then  # NOTES entry 37: c=1 on one torch thread or torch'
   note "done"
   exit 0
 fi
-echo "unknown part: $part (s30, the next sitting; s28, s29 and s25, the ones run)"; exit 2
+if [[ $part == s31 ]]; then  # NOTES entry 38: the issue's whole table in one sitting, meant for an H200 (~1500 s)
+  export REQUESTS_PER_STREAM=8
+  python3 -c "import hyocr.cli, hyocr.server.uvicorn, hyocr.api.app" || { note "hyocr does not import"; exit 3; }
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$out/sitting.txt"
+  note "hyocr for cards: three cores, three API processes, FP8 KV (the README's card setting)"
+  CARD_LEVELS=64,128,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+fp8kv-api3-cores3
+  note "vllm serve (official flags): cards c=1, 64, 192, 256 and A4 c=64"
+  CARD_LEVELS=1,64,192,256 A4_LEVELS=64 python3 benchmarks/cores_gpu.py "$out" vllm-serve
+  note "hyocr's defaults (one core): cards c=1, 32, 64 and A4 c=64, 128"
+  CARD_LEVELS=1,32,64 A4_LEVELS=64,128 python3 benchmarks/cores_gpu.py "$out" hyocr-vllm
+  note "vllm serve --api-server-count 4: cards c=128, 192, 256"
+  CARD_LEVELS=128,192,256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" vllm-serve+api4
+  note "four cores, four API processes, FP8 KV: cards c=256"
+  CARD_LEVELS=256 LEVELS_ONLY=card python3 benchmarks/cores_gpu.py "$out" hyocr-vllm+fp8kv-api4-cores4
+  note "done"
+  exit 0
+fi
+echo "unknown part: $part (s31, the next sitting; s30, s28, s29 and s25, the ones run)"; exit 2
