@@ -37,6 +37,20 @@ def chain(fake_server_factory):
     return front, upstream
 
 
+def test_an_upstream_hyocrs_passed_deadline_is_a_504_tried_once(fake_server_factory):
+    # An upstream hyocr answers a stream whose deadline passes before its first token with a 504 request_timeout:
+    # the request had its time there, so the front neither retries it nor calls the upstream overloaded
+    upstream_engine = FakeEngine(FakeScript())
+    upstream = fake_server_factory(upstream_engine, request_timeout=1.0, stall_timeout=0)
+    front = fake_server_factory(engine="openai", upstream_url=upstream.url, request_timeout=20)
+    started = time.monotonic()
+    r = _chat(front.url, "[[fake:hang]]")
+    assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout", r.text
+    assert "deadline" in r.json()["error"]["message"]
+    assert time.monotonic() - started < 5  # one upstream deadline, not three
+    assert len(upstream_engine.aborted) + len(upstream_engine.completed) == 1
+
+
 def test_requests_reach_the_upstream_in_the_official_shape(chain):
     front, upstream = chain
     small = base64.b64encode(_png_200x100()).decode()

@@ -24,6 +24,7 @@ import httpx
 from ..config import SettingsError
 from ..errors import (
     EngineError,
+    GatewayTimeout,
     HyocrError,
     InvalidRequest,
     ServiceUnavailable,
@@ -200,6 +201,8 @@ class OpenAIUpstreamEngine(Engine):
                 async with self._client.stream("POST", "/chat/completions", json=body) as resp:
                     if resp.status_code in _RETRY_STATUS and attempt < self.retries:
                         await resp.aread()
+                        if _deadline_passed(resp):
+                            raise self._http_error(resp, verdict)
                         await asyncio.sleep(_backoff(attempt, resp.headers.get("retry-after")))
                         continue
                     if resp.status_code >= 400:
@@ -232,6 +235,8 @@ class OpenAIUpstreamEngine(Engine):
             verdict.success()
             return InvalidRequest(f"the model server refused the request: {message}"[:400])
         verdict.failure()
+        if _deadline_passed(resp):
+            return GatewayTimeout(f"the upstream's request deadline passed: {message}"[:400])
         if resp.status_code in _RETRY_STATUS:  # its own Retry-After goes on to the client (else the default)
             wait = _retry_after(resp.headers.get("retry-after"))
             return ServiceUnavailable("the upstream server is overloaded", code="upstream_overloaded",
@@ -292,6 +297,18 @@ def _retry_after(value: str | None) -> str | None:
     except ValueError:
         return None
     return str(math.ceil(min(seconds, 3600))) if seconds > 0 else None  # nan > 0 is False
+
+
+def _deadline_passed(resp: httpx.Response) -> bool:
+    """A 504 from an upstream hyocr whose own deadline passed (a stream answers it before its first token): the
+    request already had its time there, so it is not retried and is no 'overloaded'. A proxy's bare 504 is."""
+    if resp.status_code != 504:
+        return False
+    try:
+        error = resp.json().get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("code") == "request_timeout"
 
 
 def _error_message(resp: httpx.Response) -> str:
