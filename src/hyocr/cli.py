@@ -309,6 +309,9 @@ def _exit_when_drained(code: int, grace: float = 2.0) -> None:
     threads get ``grace`` seconds, then the process exits at once, logs flushed."""
     import threading
 
+    from .pipeline.fetch import release_resolver
+
+    release_resolver()  # its idle threads would otherwise take the whole grace
     deadline = time.monotonic() + grace
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
@@ -316,7 +319,7 @@ def _exit_when_drained(code: int, grace: float = 2.0) -> None:
     left = [t.name for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon
             and t.is_alive()]
     if left:
-        logging.getLogger("hyocr").warning("exiting with %d engine thread(s) still at abandoned work: %s",
+        logging.getLogger("hyocr").warning("exiting with %d thread(s) still at abandoned work: %s",
                                            len(left), ", ".join(left[:5]))
         logging.shutdown()
         sys.stdout.flush()

@@ -117,4 +117,21 @@ def test_the_process_exits_soon_after_the_drain_though_engine_threads_still_work
         if proc.poll() is None:
             proc.kill()
     log = proc.stdout.read()
-    assert "engine thread(s) still at abandoned work" in log and "Traceback" not in log, log[-2000:]
+    assert "thread(s) still at abandoned work" in log and "Traceback" not in log, log[-2000:]
+
+
+def test_an_idle_resolver_does_not_hold_the_exit():
+    """A webhook address is resolved on the server's DNS pool; its idle threads had held every later exit for
+    the whole grace, logged as engine threads at abandoned work."""
+    proc, url = _start("--drain-timeout", "1")
+    try:
+        r = requests.post(f"{url}/v1/jobs", json={"image": IMAGE, "task": "text",
+                                                  "callback_url": "https://hooks.invalid/ocr"}, timeout=60)
+        assert r.status_code == 400, r.text  # the name does not resolve: refused at submit, after a lookup
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = proc.stdout.read()
+    assert "abandoned work" not in log and "Traceback" not in log, log[-2000:]

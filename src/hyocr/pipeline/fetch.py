@@ -96,11 +96,23 @@ class _Target:
 # getaddrinfo blocks a thread for as long as the resolver takes (seconds, for a hostile name server). Its
 # own small pool, not the event loop's default one that decoding and PDF work share (6 threads on 2 cores):
 # slow names then delay only other lookups. Callers bound the wait (fetch and webhook deadlines).
-_RESOLVER = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="hyocr-dns")
+_RESOLVER: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def release_resolver() -> None:
+    """Let the pool's idle threads end (a server's exit waits for non-daemon threads); the next lookup makes a
+    new pool. A lookup still running is left to finish."""
+    global _RESOLVER
+    pool, _RESOLVER = _RESOLVER, None
+    if pool is not None:
+        pool.shutdown(wait=False)
 
 
 async def resolve_host(host: str, port: int) -> list[IPAddress]:
     """All addresses ``host`` resolves to, in the resolver's order. Tests replace this function."""
+    global _RESOLVER
+    if _RESOLVER is None:
+        _RESOLVER = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="hyocr-dns")
     loop = asyncio.get_running_loop()
     infos = await loop.run_in_executor(_RESOLVER, functools.partial(
         socket.getaddrinfo, host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP))
