@@ -84,7 +84,7 @@ def _flag_type(annotation: object) -> tuple[type, list | None]:
 
 
 LOCAL_SKIP = ("host", "port", "drain_timeout", "ui", "ui_upload_cache_bytes", "ui_upload_ttl", "metrics_port",
-              "metrics_host")  # settings of a server, not of a read in this process
+              "metrics_host", "metrics_api_keys", "public_metrics")  # settings of a server, not of a read in this process
 
 
 def _read_flags(p: argparse.ArgumentParser) -> None:
