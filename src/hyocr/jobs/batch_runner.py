@@ -80,11 +80,8 @@ class BatchRunner:
     async def run_chunk(self, claim: ChunkClaim) -> None:
         renewing = asyncio.create_task(self._renew_chunk(claim, asyncio.current_task()))
         try:
-            if claim.attempts > self.settings.job_max_attempts:  # a chunk that took its replica down, again
-                for line in claim.lines:
-                    why = "this request was not run: its chunk failed repeatedly"
-                    await self.store.put_answer(claim.batch_id, line.n, 0,
-                                                error_line(line.custom_id, "request_failed", why))
+            if claim.attempts > self.settings.job_max_attempts:  # its replica went down while it ran, each time
+                await self._one_at_a_time(claim)
             else:
                 ran = await asyncio.gather(*(self._line(claim, line) for line in claim.lines))
                 retry = [pair for pair in ran if pair is not None]
@@ -108,6 +105,23 @@ class BatchRunner:
             await self.store.release_chunk(claim.chunk_id, self.replica, not_before=time.time() + 5)
         finally:
             renewing.cancel()
+
+    async def _one_at_a_time(self, claim: ChunkClaim) -> None:
+        """A chunk claimed past its budget: a retryable failure ends on the last attempt, so its replica went down
+        while running it, each time. A line that takes the server down must not do so for ever, and the lines
+        beside it must not fail with it: the lines run one at a time, each answer kept, so that a crash leaves
+        the lines before it answered. Claimed once more, the first open line is the one that was running when the
+        server went down again: it alone fails (``crashed_repeatedly``); the rest run."""
+        lines = list(claim.lines)
+        if claim.attempts > self.settings.job_max_attempts + 1 and lines:
+            suspect = lines.pop(0)
+            why = (f"this request was not run: its server went down each time it ran ({claim.attempts - 1} times)")
+            await self.store.put_answer(claim.batch_id, suspect.n, 0,
+                                        error_line(suspect.custom_id, "crashed_repeatedly", why))
+        for line in lines:
+            answered = await self.answer(claim.endpoint, line.request)  # past the budget: a 5xx is the answer
+            await self.store.put_answer(claim.batch_id, line.n, answered.status_code,
+                                        output_line(line.custom_id, answered), answered.tokens)
 
     async def _line(self, claim: ChunkClaim, line: OpenLine) -> tuple[OpenLine, Answered] | None:
         """Run one line and store its answer; a retryable failure (5xx) is returned instead, for the chunk

@@ -157,9 +157,28 @@ class JobRunner:
         todo = await self._unstored(claim) if todo is None else todo
         if not todo:
             return
-        if claim.attempts > self.settings.job_max_attempts:  # a range that took its replica down, again
-            await self._error_pages(claim, todo, "this page was not read: its reading failed repeatedly")
+        if claim.attempts > self.settings.job_max_attempts:  # its replica went down while reading it, each time
+            await self._one_at_a_time(claim, todo)
             return
+        await self._read_pages(claim, todo)
+
+    async def _one_at_a_time(self, claim: Claim, todo: list[tuple[int, int]]) -> None:
+        """A range claimed past its budget: a retryable failure ends on the last attempt, so its replica went down
+        while reading it, each time. A page that takes the server down must not do so for ever, and the pages
+        beside it must not fail with it: the pages are read one at a time, each stored, so that a crash leaves the
+        pages before it stored. Claimed once more, the first page not stored is the one being read when the server
+        went down again: it alone is an error page; the rest are read."""
+        if claim.attempts > self.settings.job_max_attempts + 1:
+            message = f"this page was not read: its server went down each time it read it ({claim.attempts - 1} times)"
+            await self._error_pages(claim, todo[:1], message)
+            todo = todo[1:]
+        for pair in todo:
+            try:
+                await self._read_pages(claim, [pair])
+            except HyocrError as exc:  # past the budget nothing is tried again: the page's own error
+                await self._error_pages(claim, [pair], _page_error(exc))
+
+    async def _read_pages(self, claim: Claim, todo: list[tuple[int, int]]) -> None:
         if claim.pdf:
             call = replace(claim.call, pages=",".join(str(item + 1) for _, item in todo))
         else:
@@ -190,7 +209,7 @@ class JobRunner:
         if not claim.pdf and len(todo) > 1:
             for pair in todo:
                 try:
-                    await self._read(claim, [pair])
+                    await self._read_pages(claim, [pair])
                 except HyocrError as one:
                     if self._retry(claim, one):  # its pages stored so far stay: a retry reads the rest
                         await self._again_later(claim, one)
