@@ -7,6 +7,7 @@ engine: these are about the serving layer, not OCR."""
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import time
 
@@ -171,8 +172,11 @@ def test_a_file_past_the_line_cap_is_refused_at_create(server):
     assert uploaded.status_code == 200, uploaded.text
     error = _is_error(_create(server.url, uploaded.json()["id"]), 400, "batch_too_large", "input_file_id")
     assert "10000" in error["message"] and "5000" in error["message"]
-    empty = _upload(server.url, b"\n \n").json()["id"]
-    _is_error(_create(server.url, empty), 400, "empty_file")
+    for blank in (b"\n \n", b"\xef\xbb\xbf", b"\xef\xbb\xbf\r\n\n"):  # a byte order mark alone is no request
+        empty = _upload(server.url, blank).json()["id"]
+        _is_error(_create(server.url, empty), 400, "empty_file")
+    marked = _upload(server.url, b"\xef\xbb\xbf" + lines.encode()[:200].rsplit(b"\n", 1)[0]).json()
+    assert marked["bytes"] > 3  # and a marked file's first line is a request: counted, read
 
 
 def test_another_callers_files_and_batches_are_not_found(server):
@@ -300,6 +304,19 @@ def test_a_utf16_file_is_refused_as_such_not_read_as_mangled_lines(server):
     for data in ((line + "\r\n").encode("utf-16"), (line + "\n").encode("utf-16-le")):
         error = _is_error(_upload(server.url, data), 400, "invalid_encoding", "file")
         assert "UTF-8" in error["message"]
+
+
+def test_a_file_that_is_not_utf8_text_is_refused_at_upload(server):
+    # an image or a gzip picked by mistake had been stored and run as a batch of "invalid JSON" lines
+    line = json.dumps({"custom_id": "r1", "method": "POST", "url": "/v1/ocr", "body": {"image": PNG}}) + "\n"
+    png = base64.b64decode(PNG)
+    for data, where in ((png, "near byte 0"), (gzip.compress(line.encode() * 50), "near byte 1"),
+                        (line.encode() * 3 + b"\x00" + line.encode(), f"byte {len(line) * 3} is a NUL"),
+                        (line.encode() + "é".encode()[:1], "ends inside a character")):
+        error = _is_error(_upload(server.url, data), 400, "invalid_encoding", "file")
+        assert where in error["message"], (where, error)
+    ok = _upload(server.url, (line.replace("r1", "文档-é") * 1).encode())  # UTF-8 beyond ASCII is text
+    assert ok.status_code == 200, ok.text
 
 
 def test_a_batch_file_may_be_larger_than_a_request_body_but_not_than_its_own_cap(fake_server_factory):

@@ -14,6 +14,7 @@ download or a batch's validation that began before the delete reads the whole fi
 from __future__ import annotations
 
 import asyncio
+import codecs
 import re
 import time
 import uuid
@@ -43,18 +44,32 @@ FILE_ID = re.compile(r"file-[0-9a-f]{32}")
 
 
 async def utf8_only(parts: AsyncIterator[bytes], *, param: str) -> AsyncIterator[bytes]:
-    """``parts`` of a JSONL file, refused (400 ``invalid_encoding``) when its first bytes are UTF-16 or UTF-32
-    (PowerShell's default encoding, with a byte order mark): read as UTF-8, its lines were mangled into
-    invalid lines and a phantom one."""
-    head = b""
+    """``parts`` of a JSONL file, refused (400 ``invalid_encoding``) where they are not UTF-8 text: UTF-16 or
+    UTF-32 (PowerShell's default encoding, with a byte order mark; read as UTF-8, its lines were mangled into
+    invalid lines and a phantom one), bytes that are not UTF-8 (an image, a gzip uploaded by mistake was stored
+    and run as a batch of "invalid JSON" lines), or a NUL anywhere (no JSON text holds one). Checked as the parts
+    pass, so the file is never held whole."""
+    decoder, at = codecs.getincrementaldecoder("utf-8")("strict"), 0
+
+    def refuse(what: str) -> InvalidRequest:
+        return InvalidRequest(f"the file is not UTF-8 text ({what}); JSONL is UTF-8: save it as UTF-8",
+                              param=param, code="invalid_encoding")
+
     async for data in parts:
-        if len(head) < 4:
-            head += data[:4]
-            if head.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(head) >= 2 and 0 in head[:2]):
-                raise InvalidRequest("the file is not UTF-8 text (it starts with a UTF-16/32 byte order mark "
-                                     "or a NUL byte); JSONL is UTF-8: save it as UTF-8",
-                                     param=param, code="invalid_encoding")
+        if at == 0 and data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise refuse("it starts with a UTF-16/32 byte order mark")
+        try:
+            decoder.decode(data)
+        except UnicodeDecodeError as exc:
+            raise refuse(f"near byte {at + exc.start}, not UTF-8") from None
+        if (nul := data.find(0)) != -1:
+            raise refuse(f"byte {at + nul} is a NUL")
+        at += len(data)
         yield data
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise refuse("it ends inside a character") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +90,17 @@ class LineCounter:
     def __init__(self) -> None:
         self.lines = 0
         self._open = False  # the line being read has something besides whitespace
+        self._first = True  # it is the file's first: a UTF-8 byte order mark there is no content
 
     def feed(self, data: bytes) -> None:
         parts = data.split(b"\n")
         for i, part in enumerate(parts):
+            if self._first:  # (bytes of the mark alone are the mark, or not UTF-8, which is refused)
+                part = part.lstrip(b"\xef\xbb\xbf")
             self._open = self._open or bool(part.strip())
             if i < len(parts) - 1:
                 self.lines += self._open
-                self._open = False
+                self._open = self._first = False
 
     def close(self) -> int:
         self.lines += self._open
