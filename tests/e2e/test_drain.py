@@ -135,3 +135,4 @@ def test_an_idle_resolver_does_not_hold_the_exit():
             proc.kill()
     log = proc.stdout.read()
     assert "abandoned work" not in log and "Traceback" not in log, log[-2000:]
+

@@ -19,6 +19,7 @@ import asyncio
 import ipaddress
 import json
 import logging
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,10 +41,18 @@ class Drain:
         self.expired = False
         self._timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Task] = set()
+        # Called when the stop begins: what holds a connection open with no work in it (the web UI's heartbeat
+        # streams) ends then, or the server would wait DRAIN_TIMEOUT for an idle browser tab.
+        self.on_begin: list[Callable[[], None]] = []
 
     def begin(self) -> None:
         if self._timer is None and not self.expired:
             self._timer = asyncio.get_running_loop().call_later(self.timeout, self._expire)
+            for hook in self.on_begin:
+                try:
+                    hook()
+                except Exception:  # a hook must not stop the drain
+                    log.exception("a drain hook failed")
 
     def _expire(self) -> None:
         self.expired = True

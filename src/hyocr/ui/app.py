@@ -75,6 +75,11 @@ def mount_ui(app: FastAPI, service: OcrService, settings: Settings) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     mount = next(r for r in app.router.routes if isinstance(r, Mount) and r.path == PATH)
+    # Gradio ends its heartbeat streams (one per open tab) when its stop_event is set, which its own server
+    # does on stopping; mounted here, that is the drain's start.
+    drain = getattr(app.state, "drain", None)
+    if drain is not None and hasattr(mount.app, "stop_event"):
+        drain.on_begin.append(mount.app.stop_event.set)
     cache = UploadCache(blocks, settings.ui_upload_cache_bytes)
     mount.app = UploadGuard(mount.app, UploadRules.from_settings(settings), cache)
     app.state.ui_uploads, app.state.ui_workdir = cache, workdir
