@@ -119,6 +119,22 @@ def test_stop_cancels_the_run_and_aborts_the_engine(browser, fake_server_factory
     assert server.engine.aborted and not server.engine.completed and not server.engine.active
 
 
+def test_run_clicked_again_while_running_reads_once(browser, fake_server_factory, tmp_path):
+    # A double click (or an impatient second one) had started a second full read that replaced the first
+    server = fake_server_factory(model="token_delay=0.2")
+    with open_ui(browser, server) as page:
+        upload(page, tmp_path, {"card.png": card().png()})
+        page.get_by_text("image ready").wait_for()
+        choose_task(page, "Plain text")
+        page.locator("#hy-run").dblclick()
+        page.wait_for_function("() => document.querySelector('#hy-text textarea').value.includes('fake')")
+        page.locator("#hy-run").click()
+        page.locator("#hy-status", has_text="Done").wait_for()
+        page.wait_for_timeout(2000)
+        assert "Done" in status(page)
+    assert len(server.engine.completed) == 1 and not server.engine.active, server.engine.completed
+
+
 def test_the_example_card_drawn_at_start_up_is_read(page):
     page.get_by_text("ID card", exact=True).click()
     page.get_by_text("960×600 image ready").wait_for()

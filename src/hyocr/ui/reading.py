@@ -52,6 +52,21 @@ class Reading:
 
     async def run(self, paths, task_value, fields_text, schema_text, target, question_text, limit, model_name,
                   pages_text, request: gr.Request):
+        session = request.session_hash
+        if session in self.stops:  # Run again (a double click) while this tab's run goes on: that run stands
+            yield {}
+            return
+        stop_signal = self.stops[session] = asyncio.Event()
+        try:
+            async for update in self._run(stop_signal, paths, task_value, fields_text, schema_text, target,
+                                          question_text, limit, model_name, pages_text):
+                yield update
+        finally:
+            if self.stops.get(session) is stop_signal:
+                del self.stops[session]
+
+    async def _run(self, stop_signal: asyncio.Event, paths, task_value, fields_text, schema_text, target,
+                   question_text, limit, model_name, pages_text):
         w = self.w
         if not paths:
             yield {w.status: display.status_html("Upload an image first, or pick an example below.", "error")}
@@ -71,7 +86,6 @@ class Reading:
             return
         yield self._cleared()
         shown, last = -1, None
-        stop_signal = self.stops[request.session_hash] = asyncio.Event()
         try:
             async for snap in until_set(stream_run(self.service, call), stop_signal):
                 last = snap
@@ -87,8 +101,6 @@ class Reading:
             log.exception("ui request failed with an unexpected error")
             yield {w.status: display.status_html("Internal error: the server log has the details.", "error")}
             return
-        finally:
-            self.stops.pop(request.session_hash, None)
         if last is None or last.result is None:  # stopped
             yield {w.status: display.status_html("Stopped.")}
             return
