@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 
 import requests
 from imaging import card
@@ -30,4 +31,22 @@ def test_a_request_is_one_trace_with_a_span_per_stage(fake_server_factory):
     assert root.attributes["hyocr.request_id"] == "trace-me"
     for name in ("hyocr.decode", "hyocr.engine", "hyocr.postprocess"):
         assert spans[name].context.trace_id == root.context.trace_id  # one trace per request
+    assert spans["hyocr.engine"].attributes["hyocr.task"] == "text"
+
+
+def test_a_web_ui_read_is_traced_without_context_errors(fake_server_factory, tmp_path, caplog):
+    # The UI steps the read's stream from a task per step: a span made current around the engine's yields was
+    # detached in another task than it was attached in, and OpenTelemetry logged an error for every page
+    from browser import choose_task, chromium, open_ui, upload
+
+    server = fake_server_factory()
+    EXPORTER.clear()
+    with caplog.at_level(logging.ERROR), chromium() as browser, open_ui(browser, server) as page:
+        upload(page, tmp_path, {"card.png": card().png()})
+        page.get_by_text("image ready").wait_for()
+        choose_task(page, "Plain text")
+        page.locator("#hy-run").click()
+        page.locator("#hy-status", has_text="Done").wait_for()
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    spans = {s.name: s for s in EXPORTER.get_finished_spans()}
     assert spans["hyocr.engine"].attributes["hyocr.task"] == "text"

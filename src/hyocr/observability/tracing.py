@@ -17,18 +17,38 @@ _AVAILABLE = importlib.util.find_spec("opentelemetry") is not None
 
 
 @contextlib.contextmanager
-def span(name: str, **attributes: object) -> Iterator[None]:
-    """``with span("hyocr.engine", request_id=...)``: a child of the current span, if tracing is on."""
+def span(name: str, *, current: bool = True, **attributes: object) -> Iterator[None]:
+    """``with span("hyocr.engine", request_id=...)``: a child of the current span, if tracing is on (a tracer
+    provider installed: ``setup_tracing``'s, or the application's own). ``current=False`` for a span around a
+    generator's yields: it is not made the current context, whose attach and detach would then fall in
+    different tasks when the consumer steps the generator from several (the web UI does: OpenTelemetry logged
+    "Failed to detach context" as an error for every page)."""
     if not _AVAILABLE:
         yield
         return
     from opentelemetry import trace
 
-    with trace.get_tracer("hyocr").start_as_current_span(name) as current:
-        for key, value in attributes.items():
-            if value is not None:
-                current.set_attribute(f"hyocr.{key}", value if isinstance(value, (str, int, float, bool)) else str(value))
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):  # none installed: spans go nowhere
         yield
+        return
+    tracer = trace.get_tracer("hyocr")
+    if current:
+        with tracer.start_as_current_span(name) as opened:
+            _describe(opened, attributes)
+            yield
+        return
+    opened = tracer.start_span(name)  # parent: the current span, as above
+    _describe(opened, attributes)
+    try:
+        yield
+    finally:
+        opened.end()
+
+
+def _describe(opened, attributes: dict[str, object]) -> None:
+    for key, value in attributes.items():
+        if value is not None:
+            opened.set_attribute(f"hyocr.{key}", value if isinstance(value, (str, int, float, bool)) else str(value))
 
 
 def setup_tracing(endpoint: str | None, service_name: str = "hyocr") -> None:

@@ -119,7 +119,8 @@ async def _page_events(run: EngineRun, prep: Prepared, n: int, page: PageImage, 
     blocks: list[TextBlock] = []
     last = EngineChunk()
     try:
-        with span("hyocr.engine", request_id=request.request_id, page=page.index, task=prep.task.value):
+        with span("hyocr.engine", current=False, request_id=request.request_id, page=page.index,
+                  task=prep.task.value):
             async with contextlib.aclosing(run.stream(request)) as chunks:
                 async for chunk in chunks:
                     parts.append(chunk.text)
