@@ -135,6 +135,26 @@ def test_run_clicked_again_while_running_reads_once(browser, fake_server_factory
     assert len(server.engine.completed) == 1 and not server.engine.active, server.engine.completed
 
 
+def test_a_ui_read_is_counted_in_the_metrics(browser, fake_server_factory, tmp_path):
+    # An operator's dashboard saw none of the UI's reads: they run in Gradio's tasks, past the access log
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server = fake_server_factory()
+    with open_ui(browser, server) as page:
+        upload(page, tmp_path, {"a.png": card().png(), "b.png": card().png()})
+        page.get_by_text("2 pages ready").wait_for()
+        choose_task(page, "Plain text")
+        page.locator("#hy-run").click()
+        page.locator("#hy-status", has_text="Done").wait_for()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(requests.get(f"{server.url}/metrics", timeout=10).text)
+               for s in family.samples}
+    assert samples[("hyocr_pages_total", ())] == 2
+    assert samples[("hyocr_requests_total", (("route", "/ui"), ("status", "200")))] == 1
+    assert samples[("hyocr_stage_duration_seconds_count", (("stage", "engine"),))] >= 1
+
+
 def test_the_example_card_drawn_at_start_up_is_read(page):
     page.get_by_text("ID card", exact=True).click()
     page.get_by_text("960×600 image ready").wait_for()

@@ -64,7 +64,7 @@ def mount_ui(app: FastAPI, service: OcrService, settings: Settings) -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="hyocr-ui-"))
     try:
-        blocks = build_ui(service, settings, workdir)
+        blocks = build_ui(service, settings, workdir, metrics=getattr(app.state, "metrics", None))
         gr.mount_gradio_app(
             app, blocks, path=PATH, auth_dependency=ui_auth(settings),
             footer_links=[], run_history=False, show_error=False, mcp_server=False, ssr_mode=False, pwa=False,
@@ -112,7 +112,7 @@ def _clean_up_at_shutdown(app: FastAPI, blocks: gr.Blocks, workdir: Path) -> Non
     app.router.lifespan_context = lifespan
 
 
-def build_ui(service: OcrService, settings: Settings, workdir: Path) -> gr.Blocks:
+def build_ui(service: OcrService, settings: Settings, workdir: Path, metrics=None) -> gr.Blocks:
     """The page (ui/page.py) and its events: the quick ones (ui/handlers.py), Run and Stop (ui/reading.py)."""
     examples = write_examples(workdir / "examples")
     base_url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}"
@@ -123,7 +123,7 @@ def build_ui(service: OcrService, settings: Settings, workdir: Path) -> gr.Block
                    delete_cache=(max(1, min(60, ttl // 10)), ttl)) as ui:
         w = lay_out(service.engine.info, settings, service.max_pages, examples, base_url)
         wire_quick_events(w, service, base_url)
-        Reading(w, service, settings, workdir).wire()
+        Reading(w, service, settings, workdir, metrics).wire()
     # What the build cached (the examples) stays while the app runs: Gradio's expiry and the upload
     # space's eviction skip what a rendered component keeps (the examples' own keep-list is on copies).
     w.files.keep_in_cache.update(path for cached in ui.temp_file_sets for path in cached)

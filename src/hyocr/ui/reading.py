@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,7 @@ from ..errors import HyocrError
 from ..pipeline import structured
 from ..pipeline.media import is_document
 from ..pipeline.service import OcrService
-from ..types import MediaInput, OcrCall, SamplingParams, Task
+from ..types import MediaInput, OcrCall, OcrResult, SamplingParams, Task
 from . import display
 from ._gradio import gr
 from .handlers import CONCURRENCY, GONE, message, read_media, show_page, touch
@@ -34,8 +35,9 @@ log = logging.getLogger("hyocr.ui")
 class Reading:
     """The Run and Stop buttons' handlers, for every session of the page."""
 
-    def __init__(self, w: Widgets, service: OcrService, settings: Settings, workdir: Path) -> None:
+    def __init__(self, w: Widgets, service: OcrService, settings: Settings, workdir: Path, metrics=None) -> None:
         self.w, self.service, self.settings = w, service, settings
+        self.metrics = metrics  # observability.metrics.Metrics: a read here counts as an API read does
         self.info = service.engine.info
         self.results = workdir / "results"  # the JSON downloads, until Gradio has copied them
         self.stops: dict[str, asyncio.Event] = {}  # session -> its running run's Stop signal
@@ -57,15 +59,20 @@ class Reading:
             yield {}
             return
         stop_signal = self.stops[session] = asyncio.Event()
+        outcome: dict = {"status": 499}  # what _run ends with: its status, and the result of a finished read
+        started = time.perf_counter()
         try:
-            async for update in self._run(stop_signal, paths, task_value, fields_text, schema_text, target,
-                                          question_text, limit, model_name, pages_text):
+            async for update in self._run(stop_signal, outcome, paths, task_value, fields_text, schema_text,
+                                          target, question_text, limit, model_name, pages_text):
                 yield update
         finally:
             if self.stops.get(session) is stop_signal:
                 del self.stops[session]
+            if self.metrics is not None and "read" in outcome:  # a read began (not a form the UI refused)
+                self.metrics.observe("/ui", outcome["status"], time.perf_counter() - started,
+                                     _stats(outcome.get("result")))
 
-    async def _run(self, stop_signal: asyncio.Event, paths, task_value, fields_text, schema_text, target,
+    async def _run(self, stop_signal: asyncio.Event, outcome: dict, paths, task_value, fields_text, schema_text, target,
                    question_text, limit, model_name, pages_text):
         w = self.w
         if not paths:
@@ -86,6 +93,7 @@ class Reading:
             return
         yield self._cleared()
         shown, last = -1, None
+        outcome["read"] = True
         try:
             async for snap in until_set(stream_run(self.service, call), stop_signal):
                 last = snap
@@ -93,17 +101,20 @@ class Reading:
                     update, shown = self._progress(chosen, snap, shown)
                     yield update
         except HyocrError as exc:
+            outcome["status"] = exc.status
             if not exc.public:
                 log.error("ui request failed: %s: %s", type(exc).__name__, exc.message)
             yield {w.status: display.status_html(message(exc, [m.param for m in media]), "error")}
             return
         except Exception:
+            outcome["status"] = 500
             log.exception("ui request failed with an unexpected error")
             yield {w.status: display.status_html("Internal error: the server log has the details.", "error")}
             return
         if last is None or last.result is None:  # stopped
             yield {w.status: display.status_html("Stopped.")}
             return
+        outcome.update(status=200, result=last.result)
         update, saved = await self._finished(chosen, last)
         yield update
         saved.unlink(missing_ok=True)  # Gradio has copied it into its own cache by now
@@ -191,3 +202,16 @@ def _summary(body: dict) -> tuple[str, str]:
         why = " and ".join({"length": "the token limit", "repetition": "a repeating output"}[c] for c in cut)
         return f"Done: {what}{where} in {total / 1000:.1f} s, cut short by {why}.", "warn"
     return f"Done: {what}{where} in {total / 1000:.1f} s.", "ok"
+
+
+def _stats(result: OcrResult | None) -> dict:
+    """A finished read's figures as an API request records them (observability.logs.record): its pages, stage
+    times and tokens, so that /metrics counts UI reads with the API's."""
+    if result is None:
+        return {}
+    stats: dict = {"images": len(result.pages), "prompt_tokens": result.usage.prompt_tokens,
+                   "output_tokens": result.usage.completion_tokens}
+    for stage in ("fetch", "decode", "engine", "postprocess"):
+        if f"{stage}_ms" in result.timings:
+            stats[f"{stage}_ms"] = result.timings[f"{stage}_ms"]
+    return stats
