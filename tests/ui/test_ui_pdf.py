@@ -55,3 +55,17 @@ def test_a_hostile_pdf_is_reported_on_upload(page, tmp_path):
     error.wait_for()
     assert "locked.pdf: the PDF is encrypted" in error.inner_text()
     shot(page, "pdf-encrypted")
+
+
+def test_a_multi_page_tiff_is_announced_as_a_tiff(page, tmp_path):
+    # A scanner's TIFF of several pages is read as a document (its pages selectable) and was announced as a PDF
+    import io
+
+    from imaging import card
+
+    frames = [card().image.convert("RGB") for _ in range(3)]
+    out = io.BytesIO()
+    frames[0].save(out, "TIFF", save_all=True, append_images=frames[1:], compression="tiff_deflate")
+    upload(page, tmp_path, {"scan.tif": out.getvalue()})
+    page.get_by_text("3-page TIFF ready").wait_for()
+    assert page.locator("#hy-pdf-pages").is_visible() and "PDF" not in status(page)

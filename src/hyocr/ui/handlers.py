@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..engines.base import EngineInfo
 from ..errors import HyocrError
+from ..pipeline.media import is_pdf
 from ..pipeline.service import OcrService
 from ..types import MediaInput, Task
 from . import display
@@ -64,15 +65,17 @@ async def check_upload(w: Widgets, service: OcrService, paths: list[str] | None)
         return {w.image: None, w.pages: gr.Textbox(visible=False), w.status: display.status_html(_READY)}
     touch(paths)
     try:
-        seen = await service.preview(await read_media(paths))
+        media = await read_media(paths)
+        seen = await service.preview(media)
     except HyocrError as exc:
         return {w.image: None, w.pages: gr.Textbox(visible=False),
                 w.status: display.status_html(message(exc, [Path(p).name for p in paths]), "error")}
     except FileNotFoundError:
         return {w.image: None, w.pages: gr.Textbox(visible=False), w.status: display.status_html(GONE, "error")}
     first = seen.first
-    if seen.pdf:
-        what = f"{seen.pages}-page PDF" if seen.pages > 1 else "1-page PDF"
+    if seen.pdf:  # a PDF, or a TIFF of several pages
+        kind = "PDF" if isinstance(media[0].data, bytes) and is_pdf(media[0].data) else "TIFF"
+        what = f"{seen.pages}-page {kind}"
     else:
         what = f"{seen.pages} pages" if seen.pages > 1 else f"{first.width}×{first.height} image"
     return {w.image: display.preview(first.image)[0], w.pages: gr.Textbox(visible=seen.pdf),

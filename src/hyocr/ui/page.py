@@ -94,7 +94,7 @@ def _input_column(info: EngineInfo, settings: Settings, max_pages: int, examples
                         | {".pdf"})
     files = gr.File(label="Image or PDF", file_count="multiple", file_types=extensions, height=150,
                     elem_id="hy-files")
-    pages = gr.Textbox(label="PDF pages", visible=False, elem_id="hy-pdf-pages",
+    pages = gr.Textbox(label="Pages", visible=False, elem_id="hy-pdf-pages",
                        placeholder=f"all (at most {max_pages}), or e.g. 1-3,8")
     task = gr.Dropdown(display.task_choices(info), value=Task.SPOTTING.value, label="Task", elem_id="hy-task")
     # LoRA adapters the engine serves are chosen by model name, as in the API.
