@@ -11,9 +11,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+import requests
 from browser import choose_task, open_ui, shot, status, upload
 from imaging import card, chinese_card, squash
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 
 from hyocr.ui.display import BOX_COLOUR
 
@@ -137,9 +139,6 @@ def test_run_clicked_again_while_running_reads_once(browser, fake_server_factory
 
 def test_a_ui_read_is_counted_in_the_metrics(browser, fake_server_factory, tmp_path):
     # An operator's dashboard saw none of the UI's reads: they run in Gradio's tasks, past the access log
-    import requests
-    from prometheus_client.parser import text_string_to_metric_families
-
     server = fake_server_factory()
     with open_ui(browser, server) as page:
         upload(page, tmp_path, {"a.png": card().png(), "b.png": card().png()})

@@ -3,12 +3,13 @@ server on the rapidocr engine: uploaded, previewed, read page by page, each page
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pdfs
 from browser import choose_task, shot, status, upload
-from imaging import squash
+from imaging import card, squash
 
 PAGES = [["FIRST PAGE ALPHA 101", "INVOICE TOTAL 99.50"], ["SECOND PAGE BRAVO 202"]]
 
@@ -59,10 +60,6 @@ def test_a_hostile_pdf_is_reported_on_upload(page, tmp_path):
 
 def test_a_multi_page_tiff_is_announced_as_a_tiff(page, tmp_path):
     # A scanner's TIFF of several pages is read as a document (its pages selectable) and was announced as a PDF
-    import io
-
-    from imaging import card
-
     frames = [card().image.convert("RGB") for _ in range(3)]
     out = io.BytesIO()
     frames[0].save(out, "TIFF", save_all=True, append_images=frames[1:], compression="tiff_deflate")

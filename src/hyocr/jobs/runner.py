@@ -152,9 +152,9 @@ class JobRunner:
             renewing.cancel()
             self.wake.set()
 
-    async def _read(self, claim: Claim, todo: list[tuple[int, int]] | None = None) -> None:
-        """Read the range's pages not stored yet (or those of ``todo``), storing each as it finishes."""
-        todo = await self._unstored(claim) if todo is None else todo
+    async def _read(self, claim: Claim) -> None:
+        """Read the range's pages not stored yet."""
+        todo = await self._unstored(claim)
         if not todo:
             return
         if claim.attempts > self.settings.job_max_attempts:  # its replica went down while reading it, each time
@@ -179,6 +179,7 @@ class JobRunner:
                 await self._error_pages(claim, [pair], _page_error(exc))
 
     async def _read_pages(self, claim: Claim, todo: list[tuple[int, int]]) -> None:
+        """Read the pages of ``todo`` together, storing each as it finishes."""
         if claim.pdf:
             call = replace(claim.call, pages=",".join(str(item + 1) for _, item in todo))
         else:
